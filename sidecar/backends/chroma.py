@@ -1,0 +1,679 @@
+"""Chroma HTTP API v2 profile (chromadb 1.x server, ``/api/v2/...``; routes as used by the official
+`chromadb.HttpClient`, chromadb/api/fastapi.py).
+
+Governance on top of Chroma:
+- Tenants in the path must be the caller's; collection UUIDs must be registered to the caller's
+  tenant (and the path's database) in the ledger, else 404 on every route — Chroma's data routes
+  resolve a collection by UUID alone.
+- Writes (add, upsert) stamp governed metadata (``mw_*``) and record the row in the ledger; the
+  client may request ``mw_scope``, ``mw_fleet`` and ``mw_readers`` but never set the other ``mw_*`` keys.
+- Reads (get, query, count) AND the caller's visibility filter into ``where`` (pushdown), then pass
+  every returned row through one batched Cedar ``read``; query over-fetches and refills to
+  ``n_results``; get applies ``offset``/``limit`` over readable rows; count counts readable rows.
+- Deletes are per row (Cedar ``delete``), tombstoned durably before Chroma is called.
+- ``/reset``, fork, search, functions and any other route are not forwarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.backends.base import Route, match_routes
+from sidecar.config import Settings
+from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, UpstreamError
+from sidecar.exchange import Exchange
+from sidecar.governance import SCOPES, Principal, Row, agent_id, collection_entity, namespace_entity
+from sidecar.ledger import CollectionRecord, Ledger, now_us
+from sidecar.stages.authorize import Authorizer
+from sidecar.stages.forward import Upstream
+
+BACKEND = "chroma"
+T = ("api", "v2", "tenants", "{tenant}")
+D = T + ("databases", "{database}")
+C = D + ("collections", "{collection}")
+
+ROUTES: list[tuple[str, tuple[str, ...], str]] = [
+    ("GET", ("api", "v2", "heartbeat"), "system"),
+    ("GET", ("api", "v2", "version"), "system"),
+    ("GET", ("api", "v2", "healthcheck"), "system"),
+    ("GET", ("api", "v2", "pre-flight-checks"), "system"),
+    ("GET", ("api", "v2", "auth", "identity"), "identity"),
+    ("POST", ("api", "v2", "reset"), "blocked"),
+    ("POST", ("api", "v2", "tenants"), "create_tenant"),
+    ("GET", T, "get_tenant"),
+    ("PATCH", T, "admin_tenant"),
+    ("POST", T + ("databases",), "create_database"),
+    ("GET", T + ("databases",), "list_databases"),
+    ("GET", D, "get_database"),
+    ("DELETE", D, "delete_database"),
+    ("GET", D + ("collections",), "list_collections"),
+    ("POST", D + ("collections",), "create_collection"),
+    ("GET", D + ("collections_count",), "count_collections"),
+    ("GET", D + ("collections", "by-id", "{collection}"), "get_collection_by_id"),
+    ("GET", C, "get_collection_by_name"),
+    ("PUT", C, "modify_collection"),
+    ("DELETE", C, "delete_collection"),
+    ("POST", C + ("add",), "add"),
+    ("POST", C + ("upsert",), "upsert"),
+    ("POST", C + ("update",), "update"),
+    ("POST", C + ("get",), "get"),
+    ("POST", C + ("query",), "query"),
+    ("POST", C + ("delete",), "delete"),
+    ("GET", C + ("count",), "count"),
+    ("GET", C + ("indexing_status",), "collection_info"),
+]
+
+# Governed metadata keys. The client may request the first three; the sidecar stamps all of them.
+REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers")
+STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers")
+GOVERNED_PREFIX = "mw_"
+READER_PREFIX = "mw_r:"
+
+
+def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
+    """The caller's visibility filter in Chroma's ``where`` language (pushdown).
+
+    ``mode="scope"`` is the reference predicate of DESIGN.md §3 (`auth`): it admits every row the
+    default policies permit, and policy-check's Inv-Scope proof (permit ⇒ auth) makes it sound for a
+    policy set. ``mode="tenant"`` admits the whole tenant (for policy sets wider than `auth`).
+    Admins always get the tenant filter. Cedar still decides every returned row.
+    """
+    tenant = {"mw_tenant": {"$eq": p.tenant}}
+    if mode == "tenant" or p.kind == "admin":
+        return tenant
+    me = p.uid[1]
+    fleet: dict[str, Any] = (
+        {"mw_scope": {"$eq": "fleet"}} if p.trust >= 2
+        else {"$and": [{"mw_scope": {"$eq": "fleet"}}, {"mw_fleet": {"$eq": p.fleet}}]}
+    )
+    return {"$and": [tenant, {"$or": [
+        {"$and": [{"mw_scope": {"$eq": "agent"}}, {"mw_owner": {"$eq": me}}]},
+        fleet,
+        {"mw_scope": {"$eq": "tenant"}},
+        {"$and": [{"mw_scope": {"$eq": "restricted"}}, {READER_PREFIX + me: {"$eq": True}}]},
+    ]}]}
+
+
+def and_where(*clauses: Any) -> dict[str, Any] | None:
+    parts = [c for c in clauses if c]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else {"$and": parts}
+
+
+def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
+    """`metadata` with every governed key set from the ledger row (client values already rejected)."""
+    out = dict(metadata or {})
+    out.update({
+        "mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
+        "mw_writer": row.writer, "mw_created_at": row.created_at,
+    })
+    if row.readers:
+        out["mw_readers"] = ",".join(row.readers)
+        for reader in row.readers:
+            out[READER_PREFIX + reader] = True
+    return out
+
+
+def _obj(body: Any) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _ids(value: Any, *, required: bool) -> list[str] | None:
+    if value is None:
+        if required:
+            raise BadRequest("ids are required")
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, str) and i for i in value):
+        raise BadRequest("ids must be a list of non-empty strings")
+    if len(set(value)) != len(value):
+        raise BadRequest("ids must be unique")
+    return value
+
+
+def _column(body: dict[str, Any], key: str, n: int) -> list[Any] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != n:
+        raise BadRequest(f"{key} must be a list with one entry per id")
+    return value
+
+
+def _nonneg_int(value: Any, name: str, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{name} must be a non-negative integer")
+    return value
+
+
+def _columns_to_rows(resp: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Chroma's columnar get result → one dict per row (only list columns of length n)."""
+    cols = {k: v for k, v in resp.items() if isinstance(v, list) and len(v) == n and k != "included"}
+    return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+
+
+class ChromaProfile:
+    """Chroma v2 routes → Cedar actions, ledger updates and row filtering."""
+
+    name = BACKEND
+
+    def __init__(self, settings: Settings, upstream: Upstream, ledger: Ledger, authz: Authorizer) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.ledger = ledger
+        self.authz = authz
+
+    def match(self, method: str, segments: list[str]) -> Route | None:
+        return match_routes(ROUTES, method, segments)
+
+    async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
+        ex.operation = route.op
+        handler = getattr(self, f"op_{route.op}")
+        return await handler(ex, route.params)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _p(self, ex: Exchange) -> Principal:
+        assert ex.principal is not None
+        return ex.principal
+
+    def _collection(self, ex: Exchange, params: dict[str, str]) -> CollectionRecord:
+        """The registered collection named by UUID in the path; 404 unless it is the caller's."""
+        p = self._p(ex)
+        rec = self.ledger.get_collection(BACKEND, params["collection"])
+        if rec is None or rec.tenant != p.tenant or rec.tenant != params["tenant"] or rec.database != params["database"]:
+            raise NotFound("collection not found")
+        return rec
+
+    def _coll_entity(self, rec: CollectionRecord) -> dict[str, Any]:
+        return collection_entity(BACKEND, rec.collection_id, rec.tenant, rec.database)
+
+    def _require_collection(self, ex: Exchange, params: dict[str, str], action: str) -> CollectionRecord:
+        rec = self._collection(ex, params)
+        self.authz.require(ex, action, self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return rec
+
+    def _require_namespace(self, ex: Exchange, tenant: str, database: str, action: str) -> None:
+        self.authz.require(ex, action, namespace_entity(tenant, database))
+
+    def _data_segments(self, rec: CollectionRecord, op: str) -> list[str]:
+        return ["api", "v2", "tenants", rec.tenant, "databases", rec.database, "collections", rec.collection_id, op]
+
+    def _db_segments(self, tenant: str, database: str | None = None) -> list[str]:
+        segs = ["api", "v2", "tenants", tenant, "databases"]
+        return segs + [database] if database is not None else segs
+
+    # -- system, identity, tenants, databases -----------------------------------------------
+    async def op_system(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        p = self._p(ex)
+        self._require_namespace(ex, p.tenant, "*", "list")
+        return 200, await self.upstream.call("GET", ex.segments)
+
+    async def op_identity(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        # Answered by the sidecar: the backend's identity is the sidecar's, never the caller's.
+        p = self._p(ex)
+        self._require_namespace(ex, p.tenant, "*", "list")
+        return 200, {"user_id": p.uid[1], "tenant": p.tenant, "databases": ["*"]}
+
+    async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        # /reset wipes every tenant: no principal of one tenant may call it through the sidecar.
+        ex.action = "admin"
+        raise Forbidden("this operation is not available through memwarden")
+
+    async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        body = _obj(ex.body)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("name is required")
+        self._require_namespace(ex, name, "*", "admin")
+        return 200, await self.upstream.call("POST", ex.segments, json_body={"name": name})
+
+    async def op_get_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_namespace(ex, params["tenant"], "*", "list")
+        return 200, await self.upstream.call("GET", ex.segments)
+
+    async def op_admin_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_namespace(ex, params["tenant"], "*", "admin")
+        return 200, await self.upstream.call("PATCH", ex.segments, json_body=ex.body)
+
+    async def op_create_database(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        body = _obj(ex.body)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("name is required")
+        self._require_namespace(ex, params["tenant"], name, "admin")
+        return 200, await self.upstream.call("POST", ex.segments, json_body={"name": name})
+
+    async def op_list_databases(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_namespace(ex, params["tenant"], "*", "list")
+        return 200, await self.upstream.call("GET", ex.segments, params=ex.query or None)
+
+    async def op_get_database(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_namespace(ex, params["tenant"], params["database"], "list")
+        return 200, await self.upstream.call("GET", ex.segments)
+
+    async def op_delete_database(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "admin")
+        for rec in self.ledger.list_collections(BACKEND, tenant, database):
+            self.ledger.delete_collection(BACKEND, rec.collection_id, self._p(ex).uid[1], ex.request_id)
+        return 200, await self.upstream.call("DELETE", ex.segments)
+
+    # -- collections ------------------------------------------------------------------------
+    def _own_collection_json(self, ex: Exchange, params: dict[str, str], coll: Any) -> dict[str, Any]:
+        if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
+            raise NotFound("collection not found")
+        rec = self.ledger.get_collection(BACKEND, coll["id"])
+        p = self._p(ex)
+        if rec is None or rec.tenant != p.tenant or rec.database != params["database"] or rec.tenant != params["tenant"]:
+            raise NotFound("collection not found")
+        return coll
+
+    async def op_list_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "list")
+        offset = _nonneg_int(int(ex.query["offset"]) if ex.query.get("offset", "").isdigit() else None, "offset", 0) or 0
+        limit = int(ex.query["limit"]) if ex.query.get("limit", "").isdigit() else None
+        if ("offset" in ex.query and not ex.query["offset"].isdigit()) or ("limit" in ex.query and not ex.query["limit"].isdigit()):
+            raise BadRequest("limit and offset must be non-negative integers")
+        result = await self.upstream.call("GET", ex.segments)
+        if not isinstance(result, list):
+            raise UpstreamError("unexpected backend answer")
+        owned = {r.collection_id for r in self.ledger.list_collections(BACKEND, tenant, database)} if tenant == self._p(ex).tenant else set()
+        visible = [c for c in result if isinstance(c, dict) and c.get("id") in owned]
+        ex.rows_allowed, ex.rows_denied = len(visible), len(result) - len(visible)
+        visible = visible[offset:]
+        return 200, visible if limit is None else visible[:limit]
+
+    async def op_count_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "list")
+        result = await self.upstream.call("GET", self._db_segments(tenant, database) + ["collections"])
+        owned = {r.collection_id for r in self.ledger.list_collections(BACKEND, tenant, database)} if tenant == self._p(ex).tenant else set()
+        return 200, sum(1 for c in (result or []) if isinstance(c, dict) and c.get("id") in owned)
+
+    async def op_create_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        body = _obj(ex.body)
+        if not isinstance(body.get("name"), str):
+            raise BadRequest("name is required")
+        self._require_namespace(ex, tenant, database, "admin")
+        coll = await self.upstream.call("POST", ex.segments, json_body=body)
+        if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
+            raise UpstreamError("unexpected backend answer")
+        rec = self.ledger.get_collection(BACKEND, coll["id"])
+        if rec is None:
+            if body.get("get_or_create") and coll.get("name") == body["name"] and self._exists_before(coll):
+                raise Conflict("a collection with this name exists in the backend but is not governed by memwarden")
+            self.ledger.register_collection(CollectionRecord(
+                BACKEND, coll["id"], tenant, database, body["name"], self._p(ex).uid[1], now_us()))
+        elif rec.tenant != tenant or rec.database != database:
+            raise NotFound("collection not found")
+        return 200, coll
+
+    @staticmethod
+    def _exists_before(coll: dict[str, Any]) -> bool:
+        # Chroma answers get_or_create with the existing collection; we cannot tell it apart from a new
+        # one by shape, so an unregistered answer to get_or_create is treated as pre-existing only when
+        # the backend says it already holds records (log_position > 0).
+        return bool(coll.get("log_position"))
+
+    async def op_get_collection_by_name(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_namespace(ex, params["tenant"], params["database"], "list")
+        coll = await self.upstream.call("GET", ex.segments)
+        return 200, self._own_collection_json(ex, params, coll)
+
+    async def op_get_collection_by_id(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_collection(ex, params, "list")
+        coll = await self.upstream.call("GET", ex.segments)
+        return 200, self._own_collection_json(ex, params, coll)
+
+    async def op_modify_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        rec = self._require_collection(ex, params, "admin")
+        return 200, await self.upstream.call("PUT", self._data_segments(rec, "")[:-1], json_body=_obj(ex.body))
+
+    async def op_delete_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        # Chroma deletes collections by name: resolve the name to the UUID first.
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "list")
+        coll = await self.upstream.call("GET", ex.segments)
+        own = self._own_collection_json(ex, params, coll)
+        rec = self._require_collection(ex, {**params, "collection": own["id"]}, "admin")
+        self.ledger.delete_collection(BACKEND, rec.collection_id, self._p(ex).uid[1], ex.request_id)
+        return 200, await self.upstream.call("DELETE", ex.segments)
+
+    async def op_collection_info(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require_collection(ex, params, "list")
+        return 200, await self.upstream.call("GET", ex.segments)
+
+    # -- writes -----------------------------------------------------------------------------
+    def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split client metadata into (plain, requested governance); 400 on any other ``mw_`` key."""
+        if meta is None:
+            return {}, {}
+        if not isinstance(meta, dict):
+            raise BadRequest("each metadata must be an object or null")
+        plain: dict[str, Any] = {}
+        requested: dict[str, Any] = {}
+        for key, value in meta.items():
+            if key.startswith(GOVERNED_PREFIX):
+                if key not in REQUESTABLE:
+                    raise BadRequest(f"metadata key {key!r} is governed by memwarden and cannot be set")
+                if not isinstance(value, str):
+                    raise BadRequest(f"{key} must be a string")
+                requested[key] = value
+            else:
+                plain[key] = value
+        if "mw_scope" in requested and requested["mw_scope"] not in SCOPES:
+            raise BadRequest(f"mw_scope must be one of {', '.join(SCOPES)}")
+        if "mw_fleet" in requested and (not requested["mw_fleet"] or "/" in requested["mw_fleet"] or ":" in requested["mw_fleet"]):
+            raise BadRequest("mw_fleet must be a fleet name of your tenant")
+        if "mw_readers" in requested:
+            readers = []
+            for item in filter(None, (s.strip() for s in requested["mw_readers"].split(","))):
+                fleet, sep, agent = item.partition("/")
+                if not sep or not fleet or not agent or "/" in agent:
+                    raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
+                readers.append(agent_id(p.tenant, fleet, agent))
+            requested["mw_readers"] = tuple(dict.fromkeys(readers))
+        return plain, requested
+
+    def _new_row(self, ex: Exchange, rec: CollectionRecord, row_id: str, requested: dict[str, Any]) -> Row:
+        p = self._p(ex)
+        return Row(
+            backend=BACKEND, collection=rec.collection_id, row_id=row_id, tenant=p.tenant,
+            fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1],
+            scope=requested.get("mw_scope", "fleet"), writer=p.uid[1], created_at=now_us(),
+            readers=requested.get("mw_readers", ()), request_id=ex.request_id,
+        )
+
+    def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
+        """The row after a requested scope/fleet/readers change and the redistribute context; None if no change."""
+        new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+        new.scope = requested.get("mw_scope", row.scope)
+        new.fleet = requested.get("mw_fleet", row.fleet)
+        new.readers = requested.get("mw_readers", row.readers)
+        if (new.scope, new.fleet, new.readers) == (row.scope, row.fleet, row.readers):
+            return None
+        return new, {"target_fleet": {"__entity": {"type": "Fleet", "id": f"{p.tenant}/{new.fleet}"}}, "target_scope": new.scope}
+
+    async def _write(self, ex: Exchange, params: dict[str, str], op: str) -> tuple[int, Any]:
+        """add / upsert / update: authorise every row, reserve new ids, stamp, forward, then commit."""
+        p = self._p(ex)
+        rec = self._require_collection(ex, params, "list")
+        body = _obj(ex.body)
+        ids = _ids(body.get("ids"), required=True)
+        assert ids is not None
+        metas = _column(body, "metadatas", len(ids))
+        for key in ("embeddings", "documents", "uris"):
+            _column(body, key, len(ids))
+        allowed_keys = {"ids", "embeddings", "metadatas", "documents", "uris"}
+        if set(body) - allowed_keys:
+            raise BadRequest(f"unknown fields: {sorted(set(body) - allowed_keys)}")
+        if p.kind != "agent" and op != "update":
+            raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
+        split = [self._requested(p, metas[i] if metas else None) for i in range(len(ids))]
+
+        known = self.ledger.get_rows(BACKEND, rec.collection_id, ids)
+        if op == "add" and known:
+            raise Conflict("ids already exist")
+        if op == "update" and len(known) != len(ids):
+            raise NotFound("record not found")
+        if any(r.status not in ("active", "superseded") for r in known.values()):
+            # tombstoned or reserved ids never come back; for the caller they do not exist
+            raise Conflict("ids already exist") if op != "update" else NotFound("record not found")
+        new_ids = [i for i in ids if i not in known]
+        if new_ids:
+            present = await self.upstream.call("POST", self._data_segments(rec, "get"),
+                                               json_body={"ids": new_ids, "include": []})
+            if isinstance(present, dict) and present.get("ids"):
+                raise Conflict("ids exist in the backend but are not governed by memwarden")
+
+        # Existing rows must be readable (else they do not exist for the caller), then updatable.
+        existing = [known[i] for i in ids if i in known]
+        visible = self.authz.readable(ex, BACKEND, rec.collection_id, [r.row_id for r in existing], include_superseded=True)
+        if len(visible) != len(existing):
+            ex.decision = "deny"
+            raise NotFound("record not found")
+        checks: list[tuple[str, Row, dict[str, Any] | None]] = []
+        final: dict[str, Row] = {}
+        changed: list[Row] = []
+        for i, row_id in enumerate(ids):
+            requested = split[i][1]
+            if row_id in known:
+                row = known[row_id]
+                checks.append(("update", row, None))
+                moved = self._redistributed(p, row, requested)
+                if moved is not None:
+                    checks.append(("redistribute", row, moved[1]))
+                    final[row_id] = moved[0]
+                    changed.append(moved[0])
+                else:
+                    final[row_id] = row
+            else:
+                row = self._new_row(ex, rec, row_id, requested)
+                checks.append(("write", row, None))
+                final[row_id] = row
+        for action in ("write", "update", "redistribute"):
+            batch = [(row, ctx) for a, row, ctx in checks if a == action]
+            if not batch:
+                continue
+            ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
+            decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
+            denied = [r.row_id for (r, _), d in zip(batch, decisions) if not d.allowed]
+            if denied:
+                ex.decision, ex.action, ex.row_ids = "deny", action, denied
+                raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
+        ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
+
+        forwarded = dict(body)
+        if metas is not None or new_ids:
+            forwarded["metadatas"] = [
+                stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]])
+                for i in range(len(ids))
+            ]
+        new_rows = [final[i] for i in new_ids]
+        conflicts = self.ledger.reserve_rows(new_rows)
+        if conflicts:
+            raise Conflict("ids already exist")
+        try:
+            await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
+        except BaseException:
+            self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
+            raise
+        self.ledger.activate_rows(BACKEND, rec.collection_id, new_ids)
+        if changed:
+            self.ledger.update_governance(changed)
+        ex.rows_allowed = len(ids)
+        return 200, True if op != "add" else True
+
+    async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        return await self._write(ex, params, "add")
+
+    async def op_upsert(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        return await self._write(ex, params, "upsert")
+
+    async def op_update(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        return await self._write(ex, params, "update")
+
+    # -- reads ------------------------------------------------------------------------------
+    def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
+        if client_where is not None and not isinstance(client_where, dict):
+            raise BadRequest("where must be an object")
+        return and_where(client_where, visibility_where(self._p(ex), mode or self.settings.pushdown))
+
+    async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
+                    where_document: Any, include: Any, offset: int, limit: int | None,
+                    keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """Page through Chroma get and keep rows for which ``keep(batch_ids) -> set`` holds.
+
+        Applies `offset`/`limit` over kept rows. Returns (rows, included).
+        """
+        page = self.settings.page_rows
+        kept: list[dict[str, Any]] = []
+        skipped = 0
+        backend_offset = 0
+        included = None
+        while backend_offset < self.settings.max_scan_rows:
+            req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
+                                   "limit": page, "offset": backend_offset}
+            if include is not None:
+                req["include"] = include
+            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req)
+            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+                raise UpstreamError("unexpected backend answer")
+            included = resp.get("included", included)
+            batch = _columns_to_rows(resp, len(resp["ids"]))
+            allowed = keep([r["ids"] for r in batch])
+            for row in batch:
+                if row["ids"] not in allowed:
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                kept.append(row)
+                if limit is not None and len(kept) >= limit:
+                    return kept, included
+            if len(batch) < page:
+                break
+            backend_offset += page
+        return kept, included
+
+    @staticmethod
+    def _rows_to_columns(rows: list[dict[str, Any]], template: list[str], included: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {k: [r[k] for r in rows] for k in template}
+        for k in ("ids", "embeddings", "documents", "uris", "metadatas"):
+            out.setdefault(k, [] if k == "ids" else None)
+        out["included"] = included if included is not None else []
+        return out
+
+    async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        rec = self._require_collection(ex, params, "list")
+        body = _obj(ex.body)
+        ids = _ids(body.get("ids"), required=False)
+        include = body.get("include")
+        offset = _nonneg_int(body.get("offset"), "offset", 0) or 0
+        limit = _nonneg_int(body.get("limit"), "limit", None)
+        rows, included = await self._scan(
+            ex, rec, ids=ids, where=self._where(ex, body.get("where")), where_document=body.get("where_document"),
+            include=include, offset=offset, limit=limit,
+            keep=lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch),
+        )
+        template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
+        ex.row_ids = [r["ids"] for r in rows]
+        return 200, self._rows_to_columns(rows, template, included)
+
+    async def op_count(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        rec = self._require_collection(ex, params, "list")
+        rows, _ = await self._scan(
+            ex, rec, ids=None, where=self._where(ex, None), where_document=None, include=[], offset=0, limit=None,
+            keep=lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch),
+        )
+        return 200, len(rows)
+
+    async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        rec = self._require_collection(ex, params, "search")
+        body = _obj(ex.body)
+        embeddings = body.get("query_embeddings")
+        if not isinstance(embeddings, list) or not embeddings:
+            raise BadRequest("query_embeddings must be a non-empty list")
+        k = _nonneg_int(body.get("n_results"), "n_results", 10) or 0
+        ids = _ids(body.get("ids"), required=False)
+        where = self._where(ex, body.get("where"))
+        pending = list(range(len(embeddings)))
+        final: dict[int, list[dict[str, Any]]] = {}
+        included: Any = None
+        n_fetch = max(k * self.settings.overfetch_factor, 1)
+        while pending:
+            req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
+                   "where": where, "ids": ids}
+            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req)
+            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending):
+                raise UpstreamError("unexpected backend answer")
+            included = resp.get("included", included)
+            per_query: list[list[dict[str, Any]]] = []
+            for j in range(len(pending)):
+                sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
+                per_query.append(_columns_to_rows(sub, len(resp["ids"][j])))
+            all_ids = [r["ids"] for rows in per_query for r in rows]
+            allowed = self.authz.readable(ex, BACKEND, rec.collection_id, all_ids)
+            still: list[int] = []
+            for j, i in enumerate(pending):
+                rows = [r for r in per_query[j] if r["ids"] in allowed]
+                exhausted = len(per_query[j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
+                if len(rows) >= k or exhausted:
+                    final[i] = rows[:k]
+                else:
+                    still.append(i)
+            pending = still
+            n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
+        out: dict[str, Any] = {}
+        keys = set()
+        for rows in final.values():
+            for r in rows:
+                keys.update(r.keys())
+        include = body.get("include")
+        if include is None:
+            include = ["metadatas", "documents", "distances"]
+        for key in ("ids", "distances", "documents", "metadatas", "embeddings", "uris"):
+            if key == "ids" or key in keys or key in include:
+                out[key] = [[r.get(key) for r in final[i]] for i in range(len(embeddings))]
+            else:
+                out[key] = None
+        out["included"] = included if included is not None else include
+        ex.row_ids = [r["ids"] for i in range(len(embeddings)) for r in final[i]]
+        return 200, out
+
+    # -- deletes ----------------------------------------------------------------------------
+    async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        p = self._p(ex)
+        rec = self._collection(ex, params)
+        body = _obj(ex.body)
+        ids = _ids(body.get("ids"), required=False)
+        where, where_document = body.get("where"), body.get("where_document")
+        bulk = ids is None
+        self.authz.require(ex, "delete_bulk" if bulk else "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        if bulk and not where and not where_document:
+            raise BadRequest("delete needs ids, where or where_document")
+        limit = _nonneg_int(body.get("limit"), "limit", None)
+        candidates, _ = await self._scan(
+            ex, rec, ids=ids, where=self._where(ex, where, "tenant"), where_document=where_document,
+            include=[], offset=0, limit=None, keep=lambda batch: set(batch),
+        )
+        candidate_ids = [r["ids"] for r in candidates]
+        known = self.ledger.get_rows(BACKEND, rec.collection_id, candidate_ids)
+        rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
+        decisions = self.authz.decide_rows(ex, "delete", rows)
+        allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
+        if limit is not None:
+            allowed = allowed[:limit]
+        ex.action, ex.row_ids = "delete", allowed
+        ex.rows_allowed, ex.rows_denied = len(allowed), len(candidate_ids) - len(allowed)
+        ex.decision = "allow" if allowed or not candidate_ids else "deny"
+        if not allowed:
+            return 200, {"deleted": 0}
+        self.ledger.tombstone(BACKEND, rec.collection_id, allowed, p.uid[1], ex.request_id)
+        await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": allowed})
+        self.ledger.mark_backend_deleted(BACKEND, rec.collection_id, allowed)
+        return 200, {"deleted": len(allowed)}
+
+    async def reconcile(self) -> int:
+        """Retry backend deletes of tombstones not yet confirmed; returns how many were confirmed."""
+        done = 0
+        by_collection: dict[str, list[str]] = {}
+        for collection_id, row_id in self.ledger.pending_tombstones(BACKEND):
+            by_collection.setdefault(collection_id, []).append(row_id)
+        for collection_id, row_ids in by_collection.items():
+            rec = self.ledger.get_collection(BACKEND, collection_id)
+            if rec is None:
+                self.ledger.mark_backend_deleted(BACKEND, collection_id, row_ids)
+                continue
+            await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
+            self.ledger.mark_backend_deleted(BACKEND, collection_id, row_ids)
+            done += len(row_ids)
+        return done

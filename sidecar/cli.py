@@ -1,0 +1,120 @@
+"""``memwarden`` command line: serve, keys (create/list/revoke), demo."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sidecar.config import Settings
+from sidecar.errors import PolicyLoadError
+from sidecar.ledger import open_ledger
+
+app = typer.Typer(help="memwarden: Cedar governance sidecar for agent memory", no_args_is_help=True)
+keys = typer.Typer(help="manage API keys (stored as salted hashes in the ledger)", no_args_is_help=True)
+app.add_typer(keys, name="keys")
+console = Console()
+
+
+def _settings(ledger: Optional[Path]) -> Settings:
+    return Settings(ledger_path=ledger) if ledger else Settings()
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="bind address"),
+    port: int = typer.Option(8080, help="bind port"),
+    backend_url: Optional[str] = typer.Option(None, help="backend base URL (else MEMWARDEN_BACKEND_URL)"),
+    policies: Optional[Path] = typer.Option(None, help="policies directory (else MEMWARDEN_POLICIES_DIR)"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_PATH)"),
+) -> None:
+    """Run the sidecar until interrupted."""
+    import uvicorn
+
+    from sidecar.app import create_app
+
+    overrides: dict[str, object] = {}
+    if backend_url:
+        overrides["backend_url"] = backend_url
+    if policies:
+        overrides["policies_dir"] = policies
+    if ledger:
+        overrides["ledger_path"] = ledger
+    try:
+        application = create_app(Settings(**overrides))  # type: ignore[arg-type]
+    except PolicyLoadError as exc:
+        console.print(f"[red]memwarden: policies failed to load:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+
+
+@keys.command("create")
+def keys_create(
+    tenant: str = typer.Option(..., help="tenant name"),
+    fleet: Optional[str] = typer.Option(None, help="fleet name (agent keys)"),
+    agent: Optional[str] = typer.Option(None, help="agent name (agent keys)"),
+    trust: int = typer.Option(0, min=0, max=3, help="trust 0-3 (agent keys)"),
+    admin: bool = typer.Option(False, "--admin", help="tenant-wide admin key"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
+) -> None:
+    """Create a key and print it once (only its salted hash is stored)."""
+    if admin == bool(fleet or agent):
+        console.print("[red]give either --admin or both --fleet and --agent[/red]")
+        raise typer.Exit(2)
+    store = open_ledger(str(_settings(ledger).ledger_path))
+    try:
+        record, plaintext = store.create_key("admin" if admin else "agent", tenant, fleet, agent, trust)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    finally:
+        store.close()
+    sys.stdout.write(plaintext + "\n")
+    Console(stderr=True).print(f"key id {record.key_id} ({record.principal().describe()}, trust {record.trust})", style="dim")
+
+
+@keys.command("list")
+def keys_list(
+    tenant: Optional[str] = typer.Option(None, help="only this tenant"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
+) -> None:
+    """List keys (never their secrets)."""
+    store = open_ledger(str(_settings(ledger).ledger_path))
+    table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "revoked")
+    for k in store.list_keys(tenant):
+        table.add_row(k.key_id, k.kind, k.tenant, k.fleet or "", k.agent or "", str(k.trust), "yes" if k.revoked_at else "")
+    store.close()
+    console.print(table)
+
+
+@keys.command("revoke")
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="key id (as shown by keys list)"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
+) -> None:
+    """Revoke a key; effective on the next request."""
+    store = open_ledger(str(_settings(ledger).ledger_path))
+    ok = store.revoke_key(key_id)
+    store.close()
+    if not ok:
+        console.print(f"[red]no active key {key_id}[/red]")
+        raise typer.Exit(1)
+    console.print(f"revoked {key_id}")
+
+
+@app.command()
+def demo(
+    workdir: Optional[Path] = typer.Option(None, help="keep state here (default: a temp dir)"),
+) -> None:
+    """Start Chroma and the sidecar, run the multi-agent scenario, print what each principal saw."""
+    from sidecar.demo import run_demo
+
+    raise typer.Exit(run_demo(workdir))
+
+
+if __name__ == "__main__":
+    app()

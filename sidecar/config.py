@@ -1,0 +1,34 @@
+"""Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``) or a .env file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, HttpUrl
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every option, its default and unit. Environment variable = ``MEMWARDEN_`` + upper-case name."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMWARDEN_", env_file=".env", extra="forbid", frozen=True)
+
+    backend: Literal["chroma"] = "chroma"
+    backend_url: HttpUrl = Field(default=HttpUrl("http://127.0.0.1:8000"), description="base URL of the backend")
+    backend_token: str | None = Field(default=None, description="credential the sidecar sends to the backend")
+    backend_auth_header: str = Field(default="Authorization", description="header carrying backend_token")
+    backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
+    backend_max_connections: int = Field(default=64, gt=0)
+    ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
+    policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="request body limit, bytes (413 above)")
+    pushdown: Literal["scope", "tenant"] = Field(
+        default="scope",
+        description="visibility filter sent to the backend: the reference scope predicate "
+        "(sound when policy-check proves Inv-Scope) or the tenant only",
+    )
+    overfetch_factor: int = Field(default=2, ge=1, description="query over-fetch multiple of n_results")
+    max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
+    page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
+    log_level: str = "INFO"

@@ -1,0 +1,175 @@
+"""The governance model of DESIGN.md §2 as Python values, and its mapping to Cedar entities.
+
+Entity ids are tenant-qualified (see policies/memwarden.cedarschema):
+``Tenant::"t"``, ``Fleet::"t/f"``, ``Agent::"t/f/a"``, ``TenantAdmin::"t/admin/<key id>"``,
+``Namespace::"t/<database>"``, ``Collection::"<backend>:<uuid>"``, ``Memory::"<backend>:<uuid>:<row id>"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SCOPES = ("agent", "fleet", "tenant", "restricted")
+STATUSES = ("active", "superseded", "deleted")
+# Rows in these ledger states are never served; a "pending" row is a write reservation.
+SERVABLE = ("active", "superseded")
+Scope = Literal["agent", "fleet", "tenant", "restricted"]
+
+
+def ref(type_: str, id_: str) -> dict[str, Any]:
+    """A Cedar JSON entity reference ``{"__entity": {"type", "id"}}``."""
+    return {"__entity": {"type": type_, "id": id_}}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The authenticated caller. `kind` is "agent" (tenant, fleet, agent, trust 0-3) or "admin" (tenant-wide)."""
+
+    kind: Literal["agent", "admin"]
+    key_id: str
+    tenant: str
+    fleet: str | None = None
+    agent: str | None = None
+    trust: int = 0
+    roles: tuple[str, ...] = ()
+
+    @property
+    def uid(self) -> tuple[str, str]:
+        if self.kind == "admin":
+            return ("TenantAdmin", f"{self.tenant}/admin/{self.key_id}")
+        return ("Agent", agent_id(self.tenant, self.fleet or "", self.agent or ""))
+
+    @property
+    def fleet_uid(self) -> str:
+        return f"{self.tenant}/{self.fleet}"
+
+    def entities(self) -> list[dict[str, Any]]:
+        """The principal and its ancestors (Fleet, Tenant) as Cedar JSON entities."""
+        tenant = {"uid": {"type": "Tenant", "id": self.tenant}, "attrs": {}, "parents": []}
+        if self.kind == "admin":
+            me = {"uid": {"type": "TenantAdmin", "id": self.uid[1]}, "attrs": {"tenant": ref("Tenant", self.tenant)}, "parents": []}
+            return [me, tenant]
+        return [
+            agent_entity(self.tenant, self.fleet or "", self.agent or "", self.trust, self.roles),
+            fleet_entity(self.tenant, self.fleet or ""),
+            tenant,
+        ]
+
+    def describe(self) -> str:
+        return f"{self.uid[0]}::{self.uid[1]}"
+
+
+def agent_id(tenant: str, fleet: str, agent: str) -> str:
+    return f"{tenant}/{fleet}/{agent}"
+
+
+def agent_entity(tenant: str, fleet: str, agent: str, trust: int, roles: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "uid": {"type": "Agent", "id": agent_id(tenant, fleet, agent)},
+        "attrs": {
+            "tenant": ref("Tenant", tenant),
+            "fleet": ref("Fleet", f"{tenant}/{fleet}"),
+            "trust": trust,
+            "roles": list(roles),
+        },
+        "parents": [{"type": "Fleet", "id": f"{tenant}/{fleet}"}],
+    }
+
+
+def fleet_entity(tenant: str, fleet: str) -> dict[str, Any]:
+    return {
+        "uid": {"type": "Fleet", "id": f"{tenant}/{fleet}"},
+        "attrs": {"tenant": ref("Tenant", tenant)},
+        "parents": [{"type": "Tenant", "id": tenant}],
+    }
+
+
+def namespace_entity(tenant: str, database: str) -> dict[str, Any]:
+    return {
+        "uid": {"type": "Namespace", "id": f"{tenant}/{database}"},
+        "attrs": {"tenant": ref("Tenant", tenant)},
+        "parents": [{"type": "Tenant", "id": tenant}],
+    }
+
+
+def collection_entity(backend: str, collection_id: str, tenant: str, database: str) -> dict[str, Any]:
+    return {
+        "uid": {"type": "Collection", "id": f"{backend}:{collection_id}"},
+        "attrs": {"tenant": ref("Tenant", tenant)},
+        "parents": [{"type": "Namespace", "id": f"{tenant}/{database}"}],
+    }
+
+
+@dataclass(slots=True)
+class Row:
+    """Governance metadata of one backend row, keyed by (backend, collection, row_id).
+
+    `owner`/`writer` and each of `readers` are agent ids ``"t/f/a"``; times are UTC microseconds.
+    """
+
+    backend: str
+    collection: str
+    row_id: str
+    tenant: str
+    fleet: str
+    owner: str
+    scope: str
+    writer: str
+    created_at: int
+    status: str = "active"
+    readers: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    request_id: str = ""
+    subject: str | None = None
+    predicate: str | None = None
+    object: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def uid(self) -> tuple[str, str]:
+        return ("Memory", f"{self.backend}:{self.collection}:{self.row_id}")
+
+    def entity(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "tenant": ref("Tenant", self.tenant),
+            "fleet": ref("Fleet", f"{self.tenant}/{self.fleet}"),
+            "owner": ref("Agent", self.owner),
+            "scope": self.scope,
+            "status": self.status,
+            "readers": [ref("Agent", r) for r in self.readers],
+            "labels": list(self.labels),
+        }
+        for name in ("subject", "predicate", "object"):
+            value = getattr(self, name)
+            if value is not None:
+                attrs[name] = value
+        return {
+            "uid": {"type": "Memory", "id": self.uid[1]},
+            "attrs": attrs,
+            "parents": [{"type": "Fleet", "id": f"{self.tenant}/{self.fleet}"}],
+        }
+
+
+def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners.
+
+    `owners` maps agent id → Cedar entity (from the ledger's agent table); an owner the ledger does
+    not know is left out (an attribute access on it errors, so a permit needing it is skipped).
+    """
+    entities = principal.entities()
+    seen = {(e["uid"]["type"], e["uid"]["id"]) for e in entities}
+
+    def add(entity: dict[str, Any]) -> None:
+        key = (entity["uid"]["type"], entity["uid"]["id"])
+        if key not in seen:
+            seen.add(key)
+            entities.append(entity)
+
+    for row in rows:
+        add(row.entity())
+        add(fleet_entity(row.tenant, row.fleet))
+        owner = owners.get(row.owner)
+        if owner is not None:
+            add(owner)
+    return entities

@@ -1,0 +1,107 @@
+"""Start and stop real servers on 127.0.0.1: `chroma run` and the sidecar (used by the demo, tests, bench).
+
+Each server is a subprocess on a free port; `start_*` waits until it answers and raises
+RuntimeError (with the tail of its log) if it does not within `timeout_s` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A running subprocess serving HTTP at `url`; its output goes to `log`."""
+
+    name: str
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _wait(server: Server, path: str, timeout_s: float, headers: dict[str, str] | None = None) -> Server:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False)
+            if r.status_code < 500:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"{server.name} did not start within {timeout_s}s:\n{server.log_tail()}")
+
+
+def chroma_executable() -> str:
+    exe = Path(sys.executable).with_name("chroma")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("chroma")
+    if not found:
+        raise RuntimeError("the `chroma` command is not installed (pip install chromadb)")
+    return found
+
+
+def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.0) -> Server:
+    """`chroma run --host 127.0.0.1 --port P --path data_dir`."""
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir.parent / f"chroma-{port}.log"
+    fh = open(log, "wb")
+    env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
+    proc = subprocess.Popen(
+        [chroma_executable(), "run", "--host", "127.0.0.1", "--port", str(port), "--path", str(data_dir)],
+        stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    return _wait(Server("chroma", f"http://127.0.0.1:{port}", port, proc, log), "/api/v2/heartbeat", timeout_s)
+
+
+def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port: int | None = None,
+                  timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> Server:
+    """`memwarden serve` (this interpreter) in front of `backend_url`."""
+    port = port or free_port()
+    log = ledger_path.parent / f"sidecar-{port}.log"
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log, "wb")
+    env = {**os.environ, "MEMWARDEN_BACKEND_URL": backend_url, "MEMWARDEN_LEDGER_PATH": str(ledger_path),
+           "MEMWARDEN_POLICIES_DIR": str(policies_dir), **(extra_env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log), "/_memwarden/healthz", timeout_s)

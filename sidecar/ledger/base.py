@@ -1,0 +1,97 @@
+"""Ledger protocol and records. Implementations: `sidecar.ledger.sqlite.SQLiteLedger`.
+
+All times are UTC microseconds since the epoch. Methods are synchronous and short (one transaction
+each); every write method commits durably before it returns (a tombstone is on disk before the
+backend delete is attempted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sidecar.governance import Principal, Row
+
+KEY_PREFIX = "mwk_"
+
+
+def now_us() -> int:
+    """Current UTC time in microseconds."""
+    return time.time_ns() // 1000
+
+
+def new_key_secret() -> tuple[str, str]:
+    """A fresh (key_id, secret) pair; the API key shown to the user is ``mwk_<key_id>.<secret>``."""
+    return secrets.token_hex(8), secrets.token_urlsafe(32)
+
+
+def hash_secret(salt: bytes, secret: str) -> str:
+    """Salted HMAC-SHA256 of a key secret (keys are 256-bit random, so no slow KDF is needed)."""
+    return hmac.new(salt, secret.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def parse_key(plaintext: str) -> tuple[str, str] | None:
+    """Split ``mwk_<key_id>.<secret>``; None when malformed."""
+    if not plaintext.startswith(KEY_PREFIX) or "." not in plaintext:
+        return None
+    key_id, _, secret = plaintext[len(KEY_PREFIX):].partition(".")
+    if not key_id or not secret or len(plaintext) > 200:
+        return None
+    return key_id, secret
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    key_id: str
+    kind: str
+    tenant: str
+    fleet: str | None
+    agent: str | None
+    trust: int
+    created_at: int
+    revoked_at: int | None
+
+    def principal(self) -> Principal:
+        if self.kind == "admin":
+            return Principal(kind="admin", key_id=self.key_id, tenant=self.tenant)
+        return Principal(kind="agent", key_id=self.key_id, tenant=self.tenant, fleet=self.fleet, agent=self.agent, trust=self.trust)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionRecord:
+    backend: str
+    collection_id: str
+    tenant: str
+    database: str
+    name: str
+    created_by: str
+    created_at: int
+
+
+class Ledger(Protocol):
+    # keys and agents
+    def create_key(self, kind: str, tenant: str, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]: ...
+    def authenticate(self, plaintext: str) -> Principal | None: ...
+    def list_keys(self, tenant: str | None = None) -> list[KeyRecord]: ...
+    def revoke_key(self, key_id: str) -> bool: ...
+    def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]: ...
+    # collections
+    def register_collection(self, record: CollectionRecord) -> None: ...
+    def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None: ...
+    def list_collections(self, backend: str, tenant: str, database: str) -> list[CollectionRecord]: ...
+    def delete_collection(self, backend: str, collection_id: str, by: str, request_id: str) -> None: ...
+    # rows
+    def get_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> dict[str, Row]: ...
+    def reserve_rows(self, rows: list[Row]) -> list[str]: ...
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None: ...
+    def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None: ...
+    def update_governance(self, rows: list[Row]) -> None: ...
+    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str) -> None: ...
+    def mark_backend_deleted(self, backend: str, collection_id: str, row_ids: list[str]) -> None: ...
+    def pending_tombstones(self, backend: str) -> list[tuple[str, str]]: ...
+    def ping(self) -> bool: ...
+    def close(self) -> None: ...

@@ -1,0 +1,87 @@
+"""The request pipeline of DESIGN.md §1 and its fail-closed outer guard.
+
+    canonicalize → authenticate → route → [profile: authorize → rewrite → forward → filter] → record
+
+`Pipeline.run` never raises: a `MemwardenError` becomes its status and JSON body; any other
+exception becomes 500 with no backend data (fail closed, cf. starlette's ServerErrorMiddleware —
+not mitmproxy's `safecall`, which continues the flow). Every request yields one decision-log event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from sidecar import decisionlog
+from sidecar.backends.base import Profile
+from sidecar.errors import MemwardenError, NotFound, PayloadTooLarge, Unauthorized, to_body
+from sidecar.exchange import Exchange
+from sidecar.ledger import Ledger
+from sidecar.stages import canonicalize
+
+log = structlog.get_logger("memwarden.pipeline")
+
+
+class Pipeline:
+    """Ordered stages around one backend profile."""
+
+    def __init__(self, profile: Profile, ledger: Ledger, max_body_bytes: int) -> None:
+        self.profile = profile
+        self.ledger = ledger
+        self.max_body_bytes = max_body_bytes
+
+    async def run(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, Exchange]:
+        """Process one ASGI HTTP request; returns (status, JSON body, exchange)."""
+        ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
+        try:
+            status, body = await self._stages(ex, scope, receive)
+        except MemwardenError as exc:
+            status, body = exc.status, to_body(exc)
+            if exc.status in (401, 403, 404):
+                ex.decision = "deny"
+        except Exception:  # the outer guard: any unexpected error denies
+            log.exception("pipeline_error", request_id=ex.request_id)
+            status, body = 500, {"error": "internal", "message": "internal error"}
+            ex.decision = "deny"
+        decisionlog.record(ex, status)
+        return status, body, ex
+
+    async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
+        # 1. canonicalize (path, query, headers; body read under the limit)
+        ex.segments = canonicalize.canonical_path(scope.get("raw_path") or scope["path"].encode())
+        ex.query = canonicalize.canonical_query(scope.get("query_string", b""))
+        headers, ex.stripped_headers = canonicalize.canonical_headers(list(scope.get("headers", [])))
+        canonicalize.check_length(headers.get("content-length", []), self.max_body_bytes)
+        # 2. authenticate (before the body is read or parsed)
+        key = canonicalize.credential(headers)
+        if key is None:
+            raise Unauthorized("missing API key")
+        principal = self.ledger.authenticate(key)
+        if principal is None:
+            raise Unauthorized("unknown or revoked API key")
+        ex.principal = principal
+        raw = await self._read_body(receive)
+        ctype = headers.get("content-type", [None])[0]
+        ex.body = canonicalize.parse_json_body(raw, ctype)
+        # 3. route: an unmapped route is never forwarded
+        route = self.profile.match(ex.method, ex.segments)
+        if route is None:
+            raise NotFound("no such route")
+        # 4-7. authorize, rewrite, forward, filter (profile-specific)
+        return await self.profile.handle(ex, route)
+
+    async def _read_body(self, receive: Any) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise MemwardenError("client disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise PayloadTooLarge(f"body over {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)

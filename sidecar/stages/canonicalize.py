@@ -1,0 +1,183 @@
+"""Stage 1 — canonicalize: decode the request exactly once and reject ambiguity before any decision.
+
+Rejections (400 unless stated): ``//``, ``.``/``..`` segments, encoded ``/ \\ . %`` (incl. double
+encoding) or ``; ? #`` inside a segment, ``;`` path parameters, control characters and invalid UTF-8
+in the path, query, header names or values, method-override headers/parameters, repeated query
+parameters, ``Content-Length`` with ``Transfer-Encoding`` or conflicting lengths, duplicate JSON
+keys at any depth, non-finite JSON numbers; bodies over the limit → 413. Client identity headers
+are stripped (never used). Sources: RFC 3986 §3.3 and §6.2.2; RFC 9112 §6.3; advisories for Envoy
+(CVE-2019-9901 path normalisation), Istio and OPA path-confusion classes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from sidecar.errors import BadRequest, PayloadTooLarge, Unauthorized
+
+METHOD_OVERRIDE_HEADERS = {"x-http-method-override", "x-http-method", "x-method-override"}
+METHOD_OVERRIDE_PARAMS = {"_method"}
+# Stripped from every request and never read: identity and routing must come from the sidecar only.
+IDENTITY_HEADER_PREFIXES = ("x-forwarded-", "x-envoy-", "x-memwarden-")
+IDENTITY_HEADERS = {
+    "x-agent-id", "x-tenant-id", "x-user-id", "x-fleet-id", "x-trust", "x-real-ip", "forwarded",
+    "x-original-url", "x-rewrite-url", "x-original-uri", "x-chroma-token",
+}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SEGMENT_FORBIDDEN = set("/\\;?#%")
+
+
+def _decode_segment(raw: str) -> str:
+    if ";" in raw:
+        raise BadRequest("path parameters (';') are not accepted")
+    try:
+        decoded = unquote_to_bytes(raw).decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("path is not valid UTF-8") from exc
+    if any(c in _SEGMENT_FORBIDDEN for c in decoded) or _CONTROL.search(decoded):
+        raise BadRequest("path segment contains an encoded separator or control character")
+    if decoded in (".", ".."):
+        raise BadRequest("dot segments are not accepted")
+    return decoded
+
+
+def canonical_path(raw_path: bytes) -> list[str]:
+    """Split and decode a raw request path into segments. Raises `BadRequest` on any ambiguity.
+
+    ``b"/api/v2/x%20y"`` → ``["api", "v2", "x y"]``; a trailing slash yields a final empty segment
+    (which no route matches).
+    """
+    try:
+        path = raw_path.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("path must be ASCII (percent-encode other bytes)") from exc
+    if not path.startswith("/") or _CONTROL.search(path):
+        raise BadRequest("path must start with '/' and contain no control characters")
+    if "//" in path:
+        raise BadRequest("empty path segments ('//') are not accepted")
+    raw_segments = path[1:].split("/")
+    return [_decode_segment(s) for s in raw_segments]
+
+
+def canonical_query(query_string: bytes) -> dict[str, str]:
+    """Parse a query string into unique scalar parameters. Raises `BadRequest` on repeats or bad bytes."""
+    if not query_string:
+        return {}
+    try:
+        text = query_string.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("query string must be ASCII") from exc
+    out: dict[str, str] = {}
+    for part in text.split("&"):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        try:
+            name = unquote_to_bytes(name.replace("+", " ")).decode("utf-8")
+            value = unquote_to_bytes(value.replace("+", " ")).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest("query parameter is not valid UTF-8") from exc
+        if _CONTROL.search(name) or _CONTROL.search(value):
+            raise BadRequest("query parameter contains a control character")
+        if name in METHOD_OVERRIDE_PARAMS:
+            raise BadRequest("method override parameters are not accepted")
+        if name in out:
+            raise BadRequest(f"query parameter {name!r} is repeated")
+        out[name] = value
+    return out
+
+
+def canonical_headers(raw_headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, list[str]], list[str]]:
+    """Validate headers; return (name → values, stripped identity header names).
+
+    Raises `BadRequest` for control characters, method overrides or conflicting framing headers.
+    """
+    headers: dict[str, list[str]] = {}
+    stripped: list[str] = []
+    for raw_name, raw_value in raw_headers:
+        try:
+            name = raw_name.decode("ascii").lower()
+            value = raw_value.decode("latin-1")
+        except UnicodeDecodeError as exc:
+            raise BadRequest("header name is not ASCII") from exc
+        if _CONTROL.search(name) or _CONTROL.search(value.replace("\t", " ")):
+            raise BadRequest("header contains a control character")
+        if name in METHOD_OVERRIDE_HEADERS:
+            raise BadRequest("method override headers are not accepted")
+        if name in IDENTITY_HEADERS or name.startswith(IDENTITY_HEADER_PREFIXES):
+            stripped.append(name)
+            continue
+        headers.setdefault(name, []).append(value)
+    lengths = headers.get("content-length", [])
+    if lengths and "transfer-encoding" in headers:
+        raise BadRequest("Content-Length together with Transfer-Encoding is not accepted")
+    if len({v.strip() for v in lengths}) > 1:
+        raise BadRequest("conflicting Content-Length headers")
+    return headers, stripped
+
+
+def credential(headers: dict[str, list[str]]) -> str | None:
+    """The single API key of the request (``Authorization: Bearer`` or ``X-API-Key``).
+
+    Raises `Unauthorized` when more than one credential is present and they differ, or the
+    Authorization scheme is not Bearer. Returns None when there is none.
+    """
+    auth = headers.get("authorization", [])
+    api = headers.get("x-api-key", [])
+    if len(auth) > 1 or len(api) > 1:
+        raise Unauthorized("more than one credential")
+    found: list[str] = []
+    if auth:
+        scheme, _, token = auth[0].strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("Authorization must be 'Bearer <key>'")
+        found.append(token.strip())
+    if api:
+        found.append(api[0].strip())
+    if len(set(found)) > 1:
+        raise Unauthorized("more than one credential")
+    return found[0] if found else None
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise BadRequest(f"duplicate JSON key {key!r}")
+        obj[key] = value
+    return obj
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadRequest(f"non-finite JSON number {name} is not accepted")
+
+
+def parse_json_body(body: bytes, content_type: str | None) -> Any:
+    """Parse a JSON body strictly (UTF-8, no duplicate keys, no NaN/Infinity). Empty body → None."""
+    if not body:
+        return None
+    if content_type is not None and "json" not in content_type.lower():
+        raise BadRequest("request body must be application/json")
+    try:
+        text = body.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except BadRequest:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadRequest("malformed JSON body") from exc
+
+
+def check_length(declared: list[str], limit: int) -> None:
+    """Reject a declared Content-Length over `limit` bytes (413) or not a number (400)."""
+    if declared:
+        try:
+            n = int(declared[0])
+        except ValueError as exc:
+            raise BadRequest("invalid Content-Length") from exc
+        if n < 0:
+            raise BadRequest("invalid Content-Length")
+        if n > limit:
+            raise PayloadTooLarge(f"body over {limit} bytes")
