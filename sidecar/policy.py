@@ -67,6 +67,11 @@ class PolicyEngine:
         if not result.validation_passed:
             details = "; ".join(str(e) for e in result.errors)
             raise PolicyLoadError(f"policies do not validate against {schema_file}: {details}")
+        # Cedar names policies policy0, policy1, ...; report the @id annotation where there is one.
+        est = json.loads(cedarpy.policies_to_json_str(policies_text))
+        self.policy_ids: dict[str, str] = {
+            name: str(body.get("annotations", {}).get("id", name)) for name, body in est.get("staticPolicies", {}).items()
+        }
 
     @classmethod
     def load(cls, directory: Path) -> "PolicyEngine":
@@ -105,5 +110,6 @@ class PolicyEngine:
         for res in results:
             allowed = res.decision == cedarpy.Decision.Allow
             diag = res.diagnostics
-            out.append(Decision(allowed, tuple(diag.reasons), tuple(str(e) for e in diag.errors)))
+            reasons = tuple(self.policy_ids.get(r, r) for r in diag.reasons)
+            out.append(Decision(allowed, reasons, tuple(str(e) for e in diag.errors)))
         return out
