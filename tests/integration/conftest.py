@@ -126,3 +126,12 @@ def unit_vectors(n: int, dim: int = 8, seed: int = 0) -> list[list[float]]:
 
 def rows_of(result: Any) -> list[str]:
     return sorted(result["ids"])
+
+
+@pytest.fixture(scope="session")
+def tenant_pushdown_stack(stack: Stack) -> Iterator[Stack]:
+    """A second sidecar on the same Chroma and ledger whose pushdown is the tenant filter only,
+    so that over-fetch and refill (not the scope pushdown) must find the readable rows."""
+    sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_PUSHDOWN": "tenant"})
+    yield Stack(stack.chroma, sidecar, stack.ledger_path)
+    sidecar.stop()
