@@ -641,11 +641,15 @@ class ChromaProfile:
         if bulk and not where and not where_document:
             raise BadRequest("delete needs ids, where or where_document")
         limit = _nonneg_int(body.get("limit"), "limit", None)
-        candidates, _ = await self._scan(
-            ex, rec, ids=ids, where=self._where(ex, where, "tenant"), where_document=where_document,
-            include=[], offset=0, limit=None, keep=lambda batch: set(batch),
-        )
-        candidate_ids = [r["ids"] for r in candidates]
+        if ids is not None and not where and not where_document:
+            # By id alone the ledger is the source of truth: the tombstone does not wait for the backend.
+            candidate_ids = ids
+        else:
+            candidates, _ = await self._scan(
+                ex, rec, ids=ids, where=self._where(ex, where, "tenant"), where_document=where_document,
+                include=[], offset=0, limit=None, keep=lambda batch: set(batch),
+            )
+            candidate_ids = [r["ids"] for r in candidates]
         known = self.ledger.get_rows(BACKEND, rec.collection_id, candidate_ids)
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
         decisions = self.authz.decide_rows(ex, "delete", rows)
