@@ -1,0 +1,81 @@
+"""Canonicalisation: one decode, and rejection of every ambiguous form (DESIGN.md §1 stage 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.errors import BadRequest, PayloadTooLarge, Unauthorized
+from sidecar.stages import canonicalize as c
+
+
+@pytest.mark.parametrize("raw,segments", [
+    (b"/api/v2/heartbeat", ["api", "v2", "heartbeat"]),
+    (b"/api/v2/tenants/a%20b", ["api", "v2", "tenants", "a b"]),
+    (b"/api/v2/x/", ["api", "v2", "x", ""]),
+    (b"/", [""]),
+])
+def test_accepts(raw: bytes, segments: list[str]) -> None:
+    assert c.canonical_path(raw) == segments
+
+
+@pytest.mark.parametrize("raw", [
+    b"//api/v2", b"/api//v2", b"/api/./v2", b"/api/../v2", b"/t/../t2/x", b"/api/%2e%2e/v2", b"/api/%2E/v2",
+    b"/api/a%2Fb", b"/api/a%2fb", b"/api/a%5Cb", b"/api/a%252Fb", b"/api/a;b", b"/api/..;/x", b"/api/a%3Bb",
+    b"/api/a%23b", b"/api/a%3Fb", b"/api/a%00b", b"/api/a\x00b", b"/api/a%0Ab", b"/api/a%ff", b"/api/\xc3\xa9",
+    b"api/v2", b"/api/a%7Fb",
+])
+def test_rejects_ambiguous_paths(raw: bytes) -> None:
+    with pytest.raises(BadRequest):
+        c.canonical_path(raw)
+
+
+def test_query() -> None:
+    assert c.canonical_query(b"limit=10&offset=0") == {"limit": "10", "offset": "0"}
+    assert c.canonical_query(b"a=x%20y") == {"a": "x y"}
+    for bad in (b"user_id=a&user_id=b", b"_method=DELETE", b"a=%00", b"a=%ff"):
+        with pytest.raises(BadRequest):
+            c.canonical_query(bad)
+
+
+def test_headers_strip_identity_and_reject_overrides() -> None:
+    headers, stripped = c.canonical_headers([
+        (b"X-Agent-ID", b"a"), (b"X-Tenant-ID", b"t"), (b"X-Forwarded-For", b"1.2.3.4"), (b"Forwarded", b"for=x"),
+        (b"X-Original-URL", b"/admin"), (b"X-Envoy-Original-Path", b"/x"), (b"Content-Type", b"application/json"),
+    ])
+    assert set(headers) == {"content-type"}
+    assert set(stripped) == {"x-agent-id", "x-tenant-id", "x-forwarded-for", "forwarded", "x-original-url", "x-envoy-original-path"}
+    for bad in ([(b"X-HTTP-Method-Override", b"DELETE")], [(b"X-Method-Override", b"PUT")],
+                [(b"Content-Length", b"5"), (b"Transfer-Encoding", b"chunked")],
+                [(b"Content-Length", b"5"), (b"Content-Length", b"6")], [(b"X-A", b"a\x00b")]):
+        with pytest.raises(BadRequest):
+            c.canonical_headers(bad)
+
+
+def test_credentials() -> None:
+    assert c.credential({"authorization": ["Bearer k1"]}) == "k1"
+    assert c.credential({"x-api-key": ["k1"]}) == "k1"
+    assert c.credential({"authorization": ["Bearer k1"], "x-api-key": ["k1"]}) == "k1"
+    assert c.credential({}) is None
+    for bad in ({"authorization": ["Bearer a", "Bearer b"]}, {"authorization": ["Bearer a"], "x-api-key": ["b"]},
+                {"authorization": ["Basic abc"]}, {"x-api-key": ["a", "a"]}):
+        with pytest.raises(Unauthorized):
+            c.credential(bad)
+
+
+def test_json_body() -> None:
+    assert c.parse_json_body(b'{"a": {"b": [1, 2]}}', "application/json") == {"a": {"b": [1, 2]}}
+    assert c.parse_json_body(b"", None) is None
+    for bad in (b'{"a": 1, "a": 2}', b'{"x": {"a": 1, "a": 2}}', b'[{"a": 1, "a": 1}]', b"{bad", b'{"a": NaN}',
+                b'{"a": Infinity}', b"\xff"):
+        with pytest.raises(BadRequest):
+            c.parse_json_body(bad, "application/json")
+    with pytest.raises(BadRequest):
+        c.parse_json_body(b"{}", "text/plain")
+
+
+def test_length() -> None:
+    c.check_length(["10"], 10)
+    with pytest.raises(PayloadTooLarge):
+        c.check_length(["11"], 10)
+    with pytest.raises(BadRequest):
+        c.check_length(["-1"], 10)
