@@ -1,0 +1,365 @@
+"""Invariants: loading them from Cedar files and checking them, one per invariant × action.
+
+An invariant file is a Cedar policy file (so reviewers read invariants in the language
+of the policies, DESIGN.md §3).  Each policy in it is one invariant; ``@id`` names it and
+``@kind`` says how it is read (default ``bound``):
+
+``bound`` + ``permit (scope) when { C }``
+    For every schema-valid request in the scope that the policy set allows, C holds
+    (and evaluates without error).  "The policies permit at most this."
+``bound`` + ``forbid (scope) when { C }``
+    Every schema-valid request in the scope for which C holds is denied.
+``never-errors`` + ``permit (scope);``
+    No policy raises an evaluation error on a schema-valid request in the scope
+    (Cedar skips an erroring policy, so an erroring forbid silently allows).
+``monotone`` + ``@attribute("trust")`` + ``permit (principal is T, ...) when { C };``
+    Raising the principal's Long attribute never turns an Allow into a Deny (C, if
+    given, restricts the requests considered).
+``unconstrained`` + ``permit (principal, action == Action::"x", resource);``
+    Declares that the actions in scope are deliberately not covered by any invariant.
+
+Every action of the schema must be covered by a ``bound`` or ``monotone`` invariant or
+be declared ``unconstrained``; otherwise the check reports it (status UNCOVERED).
+
+"Schema-valid request": principal and resource types allowed by the action's
+``appliesTo``, principal and resource present in the entity store, context of the
+declared type, entity attributes of their declared types.  Other entities referenced
+from attributes may be absent from the store (a revoked agent still owns rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import z3
+from cedarpy import pst
+
+from . import counterexample as cx
+from .engine import Policy, Replay, authorize
+from .errors import Unsupported
+from .schema import LONG, Schema, TLong
+from .translate import (LONG_MAX, LONG_MIN, PolicyTerm, Query, Registry, Request, Store, Translator, Val,
+                        background, policy_set_terms)
+
+__all__ = ["Invariant", "CheckResult", "KINDS", "load_invariants", "check_invariants", "compare_sets",
+           "actions_of", "DEFAULT_TIMEOUT_S"]
+
+KINDS = ("bound", "never-errors", "monotone", "unconstrained")
+DEFAULT_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    kind: str
+    policy: Policy
+    attribute: str | None = None
+    description: str = ""
+
+
+def load_invariants(policies: list[Policy]) -> list[Invariant]:
+    """Interpret parsed invariant policies; raises ``ValueError`` on a bad ``@kind``."""
+    out = []
+    for p in policies:
+        kind = p.ast.annotations.get("kind", "bound")
+        if kind not in KINDS:
+            raise ValueError(f"{p.file}:{p.line}: unknown @kind {kind!r} (one of {', '.join(KINDS)})")
+        attr = p.ast.annotations.get("attribute")
+        if kind == "monotone" and not attr:
+            raise ValueError(f"{p.file}:{p.line}: @kind(\"monotone\") needs @attribute(\"<principal attribute>\")")
+        out.append(Invariant(p.id, kind, p, attr, p.ast.annotations.get("description", "")))
+    return out
+
+
+def actions_of(schema: Schema, sc: Any) -> list[str]:
+    """Schema actions (with appliesTo) that an action scope admits."""
+    acts = schema.applicable_actions()
+    if isinstance(sc, pst.ScopeAny):
+        return acts
+    if isinstance(sc, pst.ActionEq):
+        return [a for a in acts if a == sc.entity.id]
+    ids = {e.id for e in sc.entities}
+    return [a for a in acts if ids & (schema.action_ancestors(a) | {a})]
+
+
+@dataclass
+class CheckResult:
+    """One invariant × action.  ``status``: PROVED, VIOLATED, UNKNOWN, DISAGREE (model and
+    Cedar disagree on the counterexample: a translator bug) or UNCOVERED.  ``seconds`` is
+    solver time summed over the request environments."""
+
+    invariant: str
+    action: str
+    status: str
+    seconds: float = 0.0
+    message: str = ""
+    counterexample: dict[str, Any] | None = None
+    file: str = ""
+    line: int = 0
+
+
+@dataclass
+class _EnvCheck:
+    status: str
+    seconds: float
+    message: str = ""
+    cex: dict[str, Any] | None = None
+
+
+def _scope_only(p: Policy) -> Policy:
+    return dataclasses.replace(p, ast=dataclasses.replace(p.ast, clauses=()))
+
+
+def _model_verdict(model: z3.ModelRef, q: Query) -> dict[str, Any]:
+    allow = z3.is_true(model.eval(q.allow, model_completion=True))
+    sat = [t for t in q.terms if z3.is_true(model.eval(t.sat, model_completion=True))]
+    errs = [t.policy.id for t in q.terms if z3.is_true(model.eval(t.err, model_completion=True))]
+    eff = "permit" if allow else "forbid"
+    return {"decision": "allow" if allow else "deny",
+            "reasons": sorted(t.policy.id for t in sat if t.policy.ast.effect == eff),
+            "errors": sorted(errs)}
+
+
+def _agrees(model_v: dict[str, Any], cedar: Replay) -> bool:
+    return model_v == cedar.to_json()
+
+
+class _Solve:
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_ms = int(timeout_s * 1000)
+
+    def __call__(self, axioms: list[z3.BoolRef], goal: z3.BoolRef, store: Store
+                 ) -> tuple[str, float, z3.ModelRef | None, str]:
+        s = z3.Solver()
+        s.set("timeout", self.timeout_ms)
+        s.add(*axioms)
+        s.add(goal)
+        t0 = time.perf_counter()
+        r = s.check()
+        dt = time.perf_counter() - t0
+        if r == z3.unsat:
+            return "unsat", dt, None, ""
+        if r == z3.unknown:
+            return "unknown", dt, None, f"solver: {s.reason_unknown()}"
+        m = s.model()
+        try:
+            _probe_sets(m, store)
+            return "sat", dt, m, ""
+        except Unsupported:
+            s.add(*cx.finite_sets_constraint(store))
+            t0 = time.perf_counter()
+            r = s.check()
+            dt += time.perf_counter() - t0
+            if r != z3.sat:
+                return "unknown", dt, None, "counterexample needs a set the finite-set model cannot express"
+            return "sat", dt, s.model(), ""
+
+
+def _probe_sets(m: z3.ModelRef, store: Store) -> None:
+    for t, _ in store.reg.sets.values():
+        cx.set_members(m, t)
+
+
+def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy], invs: list[Invariant],
+                action: str, ptype: str, rtype: str, solve: _Solve) -> dict[str, _EnvCheck]:
+    reg = Registry()
+    store = Store(schema, reg)
+    req = Request.make(schema, reg, action, ptype, rtype)
+    tr = Translator(schema, store, req)
+    out: dict[str, _EnvCheck] = {}
+    try:
+        q = policy_set_terms(tr, policies)
+    except Unsupported as exc:
+        return {i.id: _EnvCheck("UNKNOWN", 0.0, str(exc)) for i in invs}
+    goals: dict[str, tuple[z3.BoolRef, Any]] = {}
+    for inv in invs:
+        try:
+            scope = tr.policy(_scope_only(inv.policy))
+            if scope is None:
+                continue
+            full = tr.policy(inv.policy)
+            assert full is not None
+            if inv.kind == "never-errors":
+                goals[inv.id] = (z3.And(scope.sat, z3.Or(z3.BoolVal(False), *[t.err for t in q.terms])), None)
+            elif inv.kind == "monotone":
+                goal2 = _monotone(schema, store, req, policies, inv, full, q)
+                if goal2 is not None:
+                    goals[inv.id] = goal2
+            elif inv.policy.ast.effect == "permit":
+                goals[inv.id] = (z3.And(q.allow, scope.sat, z3.Not(full.sat)), None)
+            else:
+                goals[inv.id] = (z3.And(q.allow, full.sat), None)
+        except Unsupported as exc:
+            out[inv.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
+    axioms = background(schema, store, [req])
+    by_id = {i.id: i for i in invs}
+    for iid, (goal, extra) in goals.items():
+        res, dt, model, why = solve(axioms, goal, store)
+        if res == "unsat":
+            out[iid] = _EnvCheck("PROVED", dt)
+        elif res == "unknown" or model is None:
+            out[iid] = _EnvCheck("UNKNOWN", dt, why)
+        else:
+            try:
+                out[iid] = _counterexample(schema, schema_text, policies, by_id[iid], q, extra, model, dt)
+            except Unsupported as exc:
+                out[iid] = _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
+    return out
+
+
+def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy], inv: Invariant,
+              full: PolicyTerm, q: Query) -> tuple[z3.BoolRef, Any] | None:
+    attr = (inv.attribute or "").removeprefix("principal.")
+    a = store.attr_decl(req.ptype, attr)
+    if a is None:
+        return None
+    if a.type != LONG:
+        raise Unsupported(f"monotone attribute {attr} is not a Long")
+    raised = z3.Int(f"raised.{attr}")
+    store.reg.longs[raised.get_id()] = raised
+    base = store.attr(req.ptype, attr, req.p).term
+
+    def override(x: z3.ExprRef, v: Val) -> Val:
+        return Val(LONG, z3.If(x == req.p, raised, v.term))
+
+    store2 = store.with_overrides({(req.ptype, attr): override})
+    q2 = policy_set_terms(Translator(schema, store2, req), policies)
+    return z3.And(full.sat, raised > base, raised <= LONG_MAX, raised >= LONG_MIN,
+                  q.allow, z3.Not(q2.allow)), (store2, q2)
+
+
+def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,
+                    q: Query, extra: Any, model: z3.ModelRef, dt: float) -> _EnvCheck:
+    request = cx.request_json(model, q.req)
+    entities = cx.entities_json(model, schema, q.store)
+    mv = _model_verdict(model, q)
+    cedar = authorize(request, policies, entities, schema_text)
+    cex: dict[str, Any] = {"invariant": inv.id, "kind": inv.kind, "request": request, "entities": entities,
+                           "model": mv, "cedar": cedar.to_json()}
+    ok = _agrees(mv, cedar)
+    if inv.kind == "bound":
+        # The invariant itself, evaluated by Cedar on the same request.
+        iv = authorize(request, [inv.policy], entities, schema_text)
+        held = inv.policy.id in iv.reasons
+        cex["invariant_condition"] = {"model": inv.policy.ast.effect == "forbid", "cedar": held}
+        ok = ok and held == (inv.policy.ast.effect == "forbid")
+    elif inv.kind == "monotone":
+        store2, q2 = extra
+        entities2 = cx.entities_json(model, schema, store2)
+        mv2 = _model_verdict(model, q2)
+        cedar2 = authorize(request, policies, entities2, schema_text)
+        cex["raised"] = {"entities": entities2, "model": mv2, "cedar": cedar2.to_json()}
+        ok = ok and _agrees(mv2, cedar2)
+    if not ok:
+        return _EnvCheck("DISAGREE", dt, "the Z3 model and Cedar disagree on this counterexample "
+                         "(translator bug)", cex)
+    return _EnvCheck("VIOLATED", dt, _explain(inv, mv), cex)
+
+
+def _explain(inv: Invariant, mv: dict[str, Any]) -> str:
+    if inv.kind == "never-errors":
+        return "policy " + ", ".join(mv["errors"]) + " raises an evaluation error"
+    if inv.kind == "monotone":
+        return f"raising principal.{inv.attribute} turns Allow into Deny"
+    return "allowed by " + ", ".join(mv["reasons"]) if mv["decision"] == "allow" else "decision " + mv["decision"]
+
+
+def _merge(inv: Invariant, action: str, parts: list[_EnvCheck]) -> CheckResult:
+    secs = sum(p.seconds for p in parts)
+    base = CheckResult(inv.id, action, "PROVED", secs, file=inv.policy.file, line=inv.policy.line)
+    for status in ("DISAGREE", "VIOLATED", "UNKNOWN"):
+        hit = [p for p in parts if p.status == status]
+        if hit:
+            base.status, base.message, base.counterexample = status, hit[0].message, hit[0].cex
+            return base
+    return base
+
+
+def check_invariants(schema: Schema, schema_text: str | None, policies: list[Policy], invs: list[Invariant],
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+    """Check every invariant on every action it covers, then coverage of the schema's
+    actions.  Returns one ``CheckResult`` per invariant × action (+ UNCOVERED rows)."""
+    solve = _Solve(timeout_s)
+    checkable = [i for i in invs if i.kind != "unconstrained"]
+    per: dict[tuple[str, str], list[_EnvCheck]] = {}
+    for action in schema.applicable_actions():
+        ad = schema.actions[action]
+        relevant = [i for i in checkable if action in actions_of(schema, i.policy.ast.action)]
+        if not relevant:
+            continue
+        for pt, rt in product(ad.principals, ad.resources):
+            try:
+                env = _env_checks(schema, schema_text, policies, relevant, action, pt, rt, solve)
+            except Unsupported as exc:
+                env = {i.id: _EnvCheck("UNKNOWN", 0.0, str(exc)) for i in relevant}
+            for iid, r in env.items():
+                per.setdefault((iid, action), []).append(r)
+    results: list[CheckResult] = []
+    by_id = {i.id: i for i in invs}
+    for (iid, action), parts in per.items():
+        results.append(_merge(by_id[iid], action, parts))
+    covered = {a for i in invs if i.kind in ("bound", "monotone", "unconstrained")
+               for a in actions_of(schema, i.policy.ast.action)
+               if i.kind == "unconstrained" or (i.id, a) in per}
+    for a in schema.applicable_actions():
+        if a not in covered:
+            results.append(CheckResult("coverage", a, "UNCOVERED", 0.0,
+                                       f"action {a} is covered by no invariant and not declared unconstrained"))
+    return results
+
+
+def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new: list[Policy],
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+    """Requests newly permitted / newly denied between two policy sets, per action.
+    A difference is reported as VIOLATED with a counterexample replayed on both sets."""
+    solve = _Solve(timeout_s)
+    results = []
+    for action in schema.applicable_actions():
+        ad = schema.actions[action]
+        for direction in ("newly-permitted", "newly-denied"):
+            parts = []
+            for pt, rt in product(ad.principals, ad.resources):
+                reg = Registry()
+                store = Store(schema, reg)
+                req = Request.make(schema, reg, action, pt, rt)
+                try:
+                    qo = policy_set_terms(Translator(schema, store, req), old)
+                    qn = policy_set_terms(Translator(schema, store, req), new)
+                except Unsupported as exc:
+                    parts.append(_EnvCheck("UNKNOWN", 0.0, str(exc)))
+                    continue
+                goal = z3.And(qn.allow, z3.Not(qo.allow)) if direction == "newly-permitted" \
+                    else z3.And(qo.allow, z3.Not(qn.allow))
+                res, dt, model, why = solve(background(schema, store, [req]), goal, store)
+                if res == "unsat":
+                    parts.append(_EnvCheck("PROVED", dt))
+                    continue
+                if model is None:
+                    parts.append(_EnvCheck("UNKNOWN", dt, why))
+                    continue
+                try:
+                    request = cx.request_json(model, req)
+                    entities = cx.entities_json(model, schema, store)
+                except Unsupported as exc:
+                    parts.append(_EnvCheck("UNKNOWN", dt, f"counterexample: {exc}"))
+                    continue
+                mo, mn = _model_verdict(model, qo), _model_verdict(model, qn)
+                co = authorize(request, old, entities, schema_text)
+                cn = authorize(request, new, entities, schema_text)
+                cex = {"invariant": direction, "request": request, "entities": entities,
+                       "old": {"model": mo, "cedar": co.to_json()}, "new": {"model": mn, "cedar": cn.to_json()}}
+                ok = _agrees(mo, co) and _agrees(mn, cn)
+                msg = (f"{direction.replace('-', ' ')}: old {co.to_json()['decision']} "
+                       f"({', '.join(sorted(co.reasons)) or 'no policy'}), new {cn.to_json()['decision']} "
+                       f"({', '.join(sorted(cn.reasons)) or 'no policy'})")
+                parts.append(_EnvCheck("VIOLATED" if ok else "DISAGREE", dt,
+                                       msg if ok else "the Z3 model and Cedar disagree (translator bug)", cex))
+            inv = Invariant(direction, "compare", new[0] if new else old[0])
+            r = _merge(inv, action, parts)
+            r.file, r.line = "", 0
+            results.append(r)
+    return results

@@ -1,0 +1,131 @@
+"""Z3 model → concrete Cedar request and entity list (Cedar JSON formats:
+https://docs.cedarpolicy.com/auth/entities-syntax.html).
+
+Only the entities the formula mentions are written out (every registered entity term
+that the model says exists), with all their schema attributes and, as parents, every
+mentioned entity the model places above them.  Because ``translate.background``
+instantiates transitivity over exactly these terms, Cedar's transitive closure of the
+written parents agrees with the model on every ``in`` the policies evaluate.
+
+Sets in a Z3 model may be co-finite (``Store(K(True), ...)``); Cedar sets are finite.
+``finite_sets_constraint`` pins every free set to a finite literal of fresh elements so
+the solver can be asked again; if that fails the check is UNKNOWN, never PROVED.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from .errors import Unsupported
+from .schema import CedarType, Schema, TBool, TEntity, TLong, TRecord, TSet, TString
+from .translate import Request, Store, Val
+
+__all__ = ["request_json", "entities_json", "finite_sets_constraint", "value_json", "set_members"]
+
+
+def _ev(model: z3.ModelRef, t: z3.ExprRef) -> z3.ExprRef:
+    return model.eval(t, model_completion=True)
+
+
+def set_members(model: z3.ModelRef, t: z3.ExprRef) -> list[z3.ExprRef]:
+    """Members of a finite set in the model; raises ``Unsupported`` if co-finite."""
+    v = _ev(model, t)
+    writes: list[tuple[z3.ExprRef, z3.ExprRef]] = []
+    while z3.is_store(v):
+        writes.append((v.arg(1), v.arg(2)))
+        v = v.arg(0)
+    if z3.is_const_array(v):
+        default = v.arg(0)
+    elif z3.is_as_array(v):
+        interp = model[z3.get_as_array_func(v)]
+        for i in range(interp.num_entries()):
+            ent = interp.entry(i)
+            writes.append((ent.arg_value(0), ent.value()))
+        default = interp.else_value()
+    else:
+        raise Unsupported(f"set value {v} in the model")
+    if not z3.is_false(default):
+        raise Unsupported("a counterexample needing an infinite set")
+    # ``writes`` runs from the outermost (latest) store inwards: the first write wins.
+    seen: dict[str, tuple[z3.ExprRef, bool]] = {}
+    for key, val in writes:
+        seen.setdefault(key.sexpr(), (key, z3.is_true(val)))
+    return [key for key, keep in seen.values() if keep]
+
+
+def _scalar(model: z3.ModelRef, ty: CedarType, t: z3.ExprRef) -> Any:
+    v = _ev(model, t)
+    if isinstance(ty, TBool):
+        return z3.is_true(v)
+    if isinstance(ty, TLong):
+        return v.as_long()  # type: ignore[attr-defined]
+    if isinstance(ty, TString):
+        return v.as_string()  # type: ignore[attr-defined]
+    if isinstance(ty, TEntity):
+        return {"__entity": {"type": ty.name, "id": v.as_string()}}  # type: ignore[attr-defined]
+    raise Unsupported(f"value of type {ty}")
+
+
+def value_json(model: z3.ModelRef, v: Val) -> Any:
+    """Cedar JSON value of a symbolic ``Val``; records omit absent optional fields."""
+    if isinstance(v.ty, TRecord):
+        return {n: value_json(model, sub) for n, (pres, sub) in v.term.items() if z3.is_true(_ev(model, pres))}
+    if isinstance(v.ty, TSet):
+        return [_scalar(model, v.ty.elem, m) for m in set_members(model, v.term)]
+    return _scalar(model, v.ty, v.term)
+
+
+def request_json(model: z3.ModelRef, req: Request) -> dict[str, Any]:
+    """{"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}."""
+    return {
+        "principal": {"type": req.ptype, "id": _ev(model, req.p).as_string()},  # type: ignore[attr-defined]
+        "action": {"type": "Action", "id": req.action},
+        "resource": {"type": req.rtype, "id": _ev(model, req.r).as_string()},  # type: ignore[attr-defined]
+        "context": value_json(model, req.ctx),
+    }
+
+
+def entities_json(model: z3.ModelRef, schema: Schema, store: Store) -> list[dict[str, Any]]:
+    """Every mentioned entity that exists in the model, with attributes and parents."""
+    ids: dict[str, dict[str, z3.ExprRef]] = {}
+    for typ, terms in store.reg.entities.items():
+        for t in terms.values():
+            v = _ev(model, t)
+            ids.setdefault(typ, {}).setdefault(v.as_string(), v)  # type: ignore[attr-defined]
+    out: list[dict[str, Any]] = []
+    for typ in sorted(ids):
+        decl = schema.entities.get(typ)
+        if decl is None:
+            continue
+        for eid, term in sorted(ids[typ].items()):
+            if not z3.is_true(_ev(model, store.exists(typ, term))):
+                continue
+            attrs: dict[str, Any] = {}
+            for name, a in decl.attrs.fields:
+                if not a.required and not z3.is_true(_ev(model, store.has(typ, name, term))):
+                    continue
+                attrs[name] = value_json(model, store.attr(typ, name, term))
+            parents = []
+            for u in sorted(schema.ancestor_types(typ)):
+                for pid, pterm in sorted(ids.get(u, {}).items()):
+                    if z3.is_true(_ev(model, store.anc(typ, u, term, pterm))):
+                        parents.append({"type": u, "id": pid})
+            out.append({"uid": {"type": typ, "id": eid}, "attrs": attrs, "parents": parents})
+    return out
+
+
+def finite_sets_constraint(store: Store, extra: int = 4) -> list[z3.BoolRef]:
+    """Pin every registered free set term to a finite set of fresh elements (size:
+    number of mentioned terms of the element sort + ``extra``)."""
+    out: list[z3.BoolRef] = []
+    n_entities = sum(len(v) for v in store.reg.entities.values())
+    for i, (t, ty) in enumerate(store.reg.sets.values()):
+        assert isinstance(ty, TSet)
+        srt = t.sort().domain()  # type: ignore[attr-defined]
+        arr = z3.K(srt, z3.BoolVal(False))
+        for j in range(n_entities + len(store.reg.sets) + extra):
+            arr = z3.Store(arr, z3.FreshConst(srt, f"elem{i}_{j}"), z3.FreshBool(f"in{i}_{j}"))
+        out.append(t == arr)
+    return out
