@@ -116,5 +116,39 @@ def demo(
     raise typer.Exit(run_demo(workdir))
 
 
+@app.command()
+def stack(
+    workdir: Path = typer.Option(Path(".memwarden/stack"), help="Chroma data, ledger and logs"),
+    port: int = typer.Option(8080, help="sidecar port"),
+    tenant: str = typer.Option("demo", help="tenant to provision"),
+) -> None:
+    """Run `chroma run` + the sidecar on 127.0.0.1 until interrupted; print how to call it."""
+    import time
+
+    from sidecar.harness import start_chroma, start_sidecar
+
+    ledger_path = workdir / "ledger.db"
+    store = open_ledger(str(ledger_path))
+    admin = store.create_key("admin", tenant, None, None, 0)[1]
+    agent = store.create_key("agent", tenant, "main", "agent1", 1)[1]
+    store.close()
+    chroma = start_chroma(workdir / "chroma")
+    policies = Path(__file__).resolve().parent.parent / "policies"
+    side = start_sidecar(chroma.url, ledger_path, policies, port=port)
+    console.print(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
+    console.print(f"admin key for tenant {tenant!r}: {admin}\nagent key ({tenant}/main/agent1, trust 1): {agent}")
+    console.print(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")
+    console.print(f"more keys: memwarden keys create --ledger {ledger_path} --tenant {tenant} --fleet F --agent A --trust N")
+    console.print("Ctrl-C stops both.")
+    try:
+        while side.proc.poll() is None and chroma.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        side.stop()
+        chroma.stop()
+
+
 if __name__ == "__main__":
     app()
