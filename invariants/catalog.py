@@ -315,7 +315,8 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
 def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new: list[Policy],
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
     """Requests newly permitted / newly denied between two policy sets, per action.
-    A difference is reported as VIOLATED with a counterexample replayed on both sets."""
+    Status UNCHANGED, CHANGED (with a request replayed on both sets through Cedar),
+    UNKNOWN or DISAGREE."""
     solve = _Solve(timeout_s)
     results = []
     for action in schema.applicable_actions():
@@ -361,5 +362,6 @@ def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new
             inv = Invariant(direction, "compare", new[0] if new else old[0])
             r = _merge(inv, action, parts)
             r.file, r.line = "", 0
+            r.status = {"PROVED": "UNCHANGED", "VIOLATED": "CHANGED"}.get(r.status, r.status)
             results.append(r)
     return results

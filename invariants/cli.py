@@ -1,0 +1,110 @@
+"""``policy-check``: the command-line entry point (console script in pyproject.toml).
+
+    policy-check DIR [--invariants PATH]... [--format text|json|sarif|junit]
+                     [--counterexamples DIR] [--timeout SECONDS]
+    policy-check --compare OLD NEW [--format ...]
+
+Exit codes are documented in ``invariants.report``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from .catalog import DEFAULT_TIMEOUT_S, check_invariants, compare_sets
+from .errors import PolicyCheckError, PolicyInvalid, Unsupported
+from .policytests import run_test_files
+from .project import load_project
+from .report import Report, exit_code, render
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(add_completion=False, help="Prove invariants of a Cedar policy set with Z3 and replay "
+                                             "counterexamples through Cedar.")
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+    junit = "junit"
+
+
+def _save(rep: Report, out_dir: Path) -> None:
+    for r in rep.results:
+        if r.counterexample is None:
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{r.invariant}--{r.action}") + ".json"
+        path = out_dir / name
+        path.write_text(json.dumps(r.counterexample, indent=2) + "\n", encoding="utf-8")
+        rep.saved[(r.invariant, r.action)] = str(path)
+
+
+def _invalid(exc: PolicyInvalid, fmt: Format, console: Console) -> int:
+    if fmt == Format.json:
+        console.file.write(json.dumps({"tool": "policy-check", "exit_code": 1, "invalid": [
+            {"file": f, "line": ln, "policy": pid, "message": m} for f, ln, pid, m in exc.problems]}, indent=2) + "\n")
+    else:
+        for f, ln, pid, m in exc.problems:
+            Console(stderr=True).print(f"{f}:{ln}: [red]invalid[/] {pid}: {m}", markup=True, highlight=False)
+    return 1
+
+
+@app.command()
+def run(
+    directory: Optional[Path] = typer.Argument(None, help="Policy directory: schema, *.cedar, invariants/, tests/."),
+    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW",
+                                                        help="Show requests newly permitted/denied from OLD to NEW."),
+    invariants: list[Path] = typer.Option([], "--invariants", "-i", help="Extra invariant file or directory."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    counterexamples: Path = typer.Option(Path(".policy-check/counterexamples"), "--counterexamples",
+                                         help="Where counterexamples (Cedar JSON) are saved."),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.1, help="Solver timeout per query, seconds."),
+) -> None:
+    """Check DIR (or compare two policy directories); see the README for exit codes."""
+    console = Console(soft_wrap=True) if fmt == Format.text else Console(file=sys.stdout, soft_wrap=True)
+    if (directory is None) == (compare is None):
+        raise typer.BadParameter("give either DIR or --compare OLD NEW")
+    t0 = time.perf_counter()
+    try:
+        if compare is not None:
+            old = load_project(compare[0], with_invariants=False)
+            new = load_project(compare[1], with_invariants=False)
+            # Both sets are read against NEW's schema: the review view of a pull request.
+            from .engine import validate
+            validate(old.policies, new.schema_text)
+            rep = Report(f"{compare[0]} -> {compare[1]}")
+            rep.results = compare_sets(new.schema, new.schema_text, old.policies, new.policies, timeout)
+        else:
+            assert directory is not None
+            proj = load_project(directory, invariants)
+            rep = Report(str(directory))
+            rep.results = check_invariants(proj.schema, proj.schema_text, proj.policies, proj.invariants, timeout)
+            rep.tests = run_test_files(proj.test_files, proj.policies, proj.schema_text)
+    except PolicyInvalid as exc:
+        raise typer.Exit(_invalid(exc, fmt, console)) from None
+    except Unsupported as exc:
+        Console(stderr=True).print(f"UNKNOWN: {exc}", highlight=False)
+        raise typer.Exit(3) from None
+    except PolicyCheckError as exc:
+        Console(stderr=True).print(f"error: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    rep.wall_seconds = time.perf_counter() - t0
+    _save(rep, counterexamples)
+    render(rep, fmt.value, console)
+    raise typer.Exit(exit_code(rep))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,158 @@
+"""Rendering results: rich text (default), JSON, SARIF 2.1.0 and JUnit XML; exit codes.
+
+Exit codes (README "policy-check"): 0 everything proved and every policy test passed;
+1 an invariant is violated, an action is uncovered, a policy test failed, a policy is
+invalid, or (``--compare``) the two sets differ; 2 usage error; 3 some result is
+UNKNOWN (and nothing failed); 4 the Z3 model and Cedar disagree on a counterexample.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .catalog import CheckResult
+from .policytests import TestCaseResult
+
+__all__ = ["Report", "exit_code", "render"]
+
+FAIL = {"VIOLATED", "UNCOVERED", "CHANGED"}
+STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
+         "UNKNOWN": "magenta", "DISAGREE": "bold white on red", "UNCOVERED": "red"}
+
+
+@dataclass
+class Report:
+    target: str
+    results: list[CheckResult] = field(default_factory=list)
+    tests: list[TestCaseResult] = field(default_factory=list)
+    saved: dict[tuple[str, str], str] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    def summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.status] = out.get(r.status, 0) + 1
+        out["tests_passed"] = sum(t.passed for t in self.tests)
+        out["tests_failed"] = sum(not t.passed for t in self.tests)
+        return out
+
+
+def exit_code(rep: Report) -> int:
+    st = {r.status for r in rep.results}
+    if "DISAGREE" in st:
+        return 4
+    if st & FAIL or any(not t.passed for t in rep.tests):
+        return 1
+    if "UNKNOWN" in st:
+        return 3
+    return 0
+
+
+def _json(rep: Report) -> dict[str, Any]:
+    return {
+        "tool": "policy-check", "version": 1, "target": rep.target,
+        "exit_code": exit_code(rep), "wall_seconds": round(rep.wall_seconds, 3),
+        "summary": rep.summary(),
+        "results": [{"invariant": r.invariant, "action": r.action, "status": r.status,
+                     "solver_seconds": round(r.seconds, 4), "message": r.message,
+                     "file": r.file, "line": r.line,
+                     "counterexample_file": rep.saved.get((r.invariant, r.action)),
+                     "counterexample": r.counterexample} for r in rep.results],
+        "tests": [asdict(t) for t in rep.tests],
+    }
+
+
+def _sarif(rep: Report) -> dict[str, Any]:
+    rules = sorted({r.invariant for r in rep.results})
+    results = []
+    for r in rep.results:
+        if r.status in ("PROVED", "UNCHANGED"):
+            continue
+        level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
+        res: dict[str, Any] = {"ruleId": r.invariant, "level": level,
+                               "message": {"text": f"{r.status} on action {r.action}: {r.message}".strip()},
+                               "properties": {"action": r.action, "status": r.status}}
+        if r.file:
+            res["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": r.file},
+                                                      "region": {"startLine": max(r.line, 1)}}}]
+        if r.counterexample:
+            res["properties"]["counterexample"] = r.counterexample
+        results.append(res)
+    for t in rep.tests:
+        if not t.passed:
+            results.append({"ruleId": "policy-test", "level": "error",
+                            "message": {"text": f"{t.name}: {t.message}"},
+                            "locations": [{"physicalLocation": {"artifactLocation": {"uri": t.file}}}]})
+    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+            "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
+                                          "rules": [{"id": r} for r in rules + ["policy-test"]]}},
+                      "results": results}]}
+
+
+def _junit(rep: Report) -> str:
+    suites = ET.Element("testsuites", name="policy-check")
+    inv = ET.SubElement(suites, "testsuite", name="invariants", tests=str(len(rep.results)),
+                        failures=str(sum(r.status in FAIL | {"DISAGREE"} for r in rep.results)),
+                        skipped="0", errors=str(sum(r.status == "UNKNOWN" for r in rep.results)))
+    for r in rep.results:
+        case = ET.SubElement(inv, "testcase", classname=r.invariant, name=r.action, time=f"{r.seconds:.4f}")
+        if r.status in FAIL | {"DISAGREE"}:
+            f = ET.SubElement(case, "failure", message=f"{r.status}: {r.message}", type=r.status)
+            f.text = json.dumps(r.counterexample, indent=1) if r.counterexample else r.message
+        elif r.status == "UNKNOWN":
+            ET.SubElement(case, "error", message=f"UNKNOWN: {r.message}", type="UNKNOWN")
+    ts = ET.SubElement(suites, "testsuite", name="policy-tests", tests=str(len(rep.tests)),
+                       failures=str(sum(not t.passed for t in rep.tests)), skipped="0", errors="0")
+    for t in rep.tests:
+        case = ET.SubElement(ts, "testcase", classname=t.file, name=t.name)
+        if not t.passed:
+            ET.SubElement(case, "failure", message=t.message, type="decision")
+    return ET.tostring(suites, encoding="unicode")
+
+
+def _text(rep: Report, console: Console) -> None:
+    table = Table(title=f"policy-check {rep.target}", show_lines=False)
+    for col in ("invariant", "action", "status", "solver ms", "detail"):
+        table.add_column(col, justify="right" if col == "solver ms" else "left")
+    for r in rep.results:
+        table.add_row(r.invariant, r.action, f"[{STYLE.get(r.status, '')}]{r.status}[/]",
+                      f"{r.seconds * 1000:.1f}", r.message)
+    console.print(table)
+    for r in rep.results:
+        if r.counterexample is None or r.status in ("PROVED", "UNCHANGED"):
+            continue
+        console.rule(f"[{STYLE.get(r.status, '')}]{r.status}[/] {r.invariant} / {r.action}")
+        if r.status == "DISAGREE":
+            console.print("Z3 model says:", json.dumps(r.counterexample.get("model") or r.counterexample.get("new")))
+            console.print("Cedar says:   ", json.dumps(r.counterexample.get("cedar") or r.counterexample.get("old")))
+        console.print_json(json.dumps({k: r.counterexample[k] for k in ("request", "entities")
+                                       if k in r.counterexample}))
+        extra = {k: v for k, v in r.counterexample.items() if k not in ("request", "entities", "invariant", "kind")}
+        console.print_json(json.dumps(extra))
+        if (r.invariant, r.action) in rep.saved:
+            console.print(f"saved: {rep.saved[(r.invariant, r.action)]}")
+    if rep.tests:
+        failed = [t for t in rep.tests if not t.passed]
+        console.print(f"policy tests: {len(rep.tests) - len(failed)} passed, {len(failed)} failed")
+        for t in failed:
+            console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
+    s = rep.summary()
+    console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
+
+
+def render(rep: Report, fmt: str, console: Console) -> None:
+    """Write the report to ``console`` in ``fmt`` (text, json, sarif, junit)."""
+    if fmt == "text":
+        _text(rep, console)
+    elif fmt == "json":
+        console.file.write(json.dumps(_json(rep), indent=2) + "\n")
+    elif fmt == "sarif":
+        console.file.write(json.dumps(_sarif(rep), indent=2) + "\n")
+    else:
+        console.file.write(_junit(rep) + "\n")
