@@ -234,8 +234,8 @@ def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy]
 
 def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,
                     q: Query, extra: Any, model: z3.ModelRef, dt: float) -> _EnvCheck:
-    request = cx.request_json(model, q.req)
-    entities = cx.entities_json(model, schema, q.store)
+    request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req),
+                                        cx.entities_json(model, schema, q.store))
     mv = _model_verdict(model, q)
     cedar = authorize(request, policies, entities, schema_text)
     cex: dict[str, Any] = {"invariant": inv.id, "kind": inv.kind, "request": request, "entities": entities,
@@ -249,7 +249,8 @@ def _counterexample(schema: Schema, schema_text: str | None, policies: list[Poli
         ok = ok and held == (inv.policy.ast.effect == "forbid")
     elif inv.kind == "monotone":
         store2, q2 = extra
-        entities2 = cx.entities_json(model, schema, store2)
+        _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req),
+                                       cx.entities_json(model, schema, store2))
         mv2 = _model_verdict(model, q2)
         cedar2 = authorize(request, policies, entities2, schema_text)
         cex["raised"] = {"entities": entities2, "model": mv2, "cedar": cedar2.to_json()}
@@ -343,8 +344,8 @@ def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new
                     parts.append(_EnvCheck("UNKNOWN", dt, why))
                     continue
                 try:
-                    request = cx.request_json(model, req)
-                    entities = cx.entities_json(model, schema, store)
+                    request, entities = cx.readable_ids(store, cx.request_json(model, req),
+                                                        cx.entities_json(model, schema, store))
                 except Unsupported as exc:
                     parts.append(_EnvCheck("UNKNOWN", dt, f"counterexample: {exc}"))
                     continue

@@ -1,6 +1,6 @@
 """``policy-check``: the command-line entry point (console script in pyproject.toml).
 
-    policy-check DIR [--invariants PATH]... [--format text|json|sarif|junit]
+    policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit]
                      [--counterexamples DIR] [--timeout SECONDS]
     policy-check --compare OLD NEW [--format ...]
 
@@ -69,6 +69,7 @@ def run(
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     counterexamples: Path = typer.Option(Path(".policy-check/counterexamples"), "--counterexamples",
                                          help="Where counterexamples (Cedar JSON) are saved."),
+    schema: Optional[Path] = typer.Option(None, "--schema", help="Schema file (default: the one in DIR)."),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.1, help="Solver timeout per query, seconds."),
 ) -> None:
     """Check DIR (or compare two policy directories); see the README for exit codes."""
@@ -78,8 +79,8 @@ def run(
     t0 = time.perf_counter()
     try:
         if compare is not None:
-            old = load_project(compare[0], with_invariants=False)
-            new = load_project(compare[1], with_invariants=False)
+            old = load_project(compare[0], with_invariants=False, schema_path=schema)
+            new = load_project(compare[1], with_invariants=False, schema_path=schema)
             # Both sets are read against NEW's schema: the review view of a pull request.
             from .engine import validate
             validate(old.policies, new.schema_text)
@@ -87,7 +88,7 @@ def run(
             rep.results = compare_sets(new.schema, new.schema_text, old.policies, new.policies, timeout)
         else:
             assert directory is not None
-            proj = load_project(directory, invariants)
+            proj = load_project(directory, invariants, schema_path=schema)
             rep = Report(str(directory))
             rep.results = check_invariants(proj.schema, proj.schema_text, proj.policies, proj.invariants, timeout)
             rep.tests = run_test_files(proj.test_files, proj.policies, proj.schema_text)

@@ -129,3 +129,43 @@ def finite_sets_constraint(store: Store, extra: int = 4) -> list[z3.BoolRef]:
             arr = z3.Store(arr, z3.FreshConst(srt, f"elem{i}_{j}"), z3.FreshBool(f"in{i}_{j}"))
         out.append(t == arr)
     return out
+
+
+def readable_ids(store: Store, request: dict[str, Any], entities: list[dict[str, Any]]
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Rename solver-chosen entity ids (often ``""`` or ``"!0!"``) to ``agent1``,
+    ``tenant1``…  Cedar can observe an id only by comparing it with an entity literal,
+    so ids equal to a literal of the policies are kept and every other id is renamed
+    injectively: the decision is unchanged (and the replay re-checks it)."""
+    reserved: set[tuple[str, str]] = set()
+    for typ, terms in store.reg.entities.items():
+        for t in terms.values():
+            if z3.is_string_value(t):
+                reserved.add((typ, t.as_string()))  # type: ignore[attr-defined]
+    mapping: dict[tuple[str, str], str] = {}
+    counters: dict[str, int] = {}
+
+    def ren(typ: str, eid: str) -> str:
+        if typ == "Action" or (typ, eid) in reserved:
+            return eid
+        if (typ, eid) not in mapping:
+            while True:
+                counters[typ] = counters.get(typ, 0) + 1
+                cand = f"{typ.lower()}{counters[typ]}"
+                if (typ, cand) not in reserved:
+                    break
+            mapping[(typ, eid)] = cand
+        return mapping[(typ, eid)]
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            if set(v) == {"type", "id"} and isinstance(v.get("id"), str):
+                return {"type": v["type"], "id": ren(v["type"], v["id"])}
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    # principal first, then resource, so the names read naturally
+    req = {k: walk(v) for k, v in request.items()}
+    return req, walk(entities)

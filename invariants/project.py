@@ -61,6 +61,8 @@ def load_project(root: Path, extra_invariants: list[Path] | None = None, schema_
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
     sp = schema_path or find_schema(root)
+    if not sp.is_file():
+        raise InputError(f"{sp}: no such schema file")
     text = sp.read_text(encoding="utf-8")
     try:
         schema = parse_schema(text)

@@ -118,8 +118,9 @@ def _junit(rep: Report) -> str:
 
 def _text(rep: Report, console: Console) -> None:
     table = Table(title=f"policy-check {rep.target}", show_lines=False)
-    for col in ("invariant", "action", "status", "solver ms", "detail"):
-        table.add_column(col, justify="right" if col == "solver ms" else "left")
+    for col in ("invariant", "action", "status", "solver ms"):
+        table.add_column(col, justify="right" if col == "solver ms" else "left", no_wrap=True)
+    table.add_column("detail", overflow="fold")
     for r in rep.results:
         table.add_row(r.invariant, r.action, f"[{STYLE.get(r.status, '')}]{r.status}[/]",
                       f"{r.seconds * 1000:.1f}", r.message)
