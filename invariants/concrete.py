@@ -1,0 +1,138 @@
+"""Evaluate a policy set on a *concrete* request and entity store with the Z3 model.
+
+Used by the differential tests (tests/invariants/test_differential.py): the Z3 model's
+decision, determining policies and erroring policies must equal cedarpy's.  The symbolic
+store of ``translate`` is pinned to the given entities: existence, every attribute, and
+the ancestor relation (Cedar's transitive closure of ``parents``; an absent entity has
+no parents) for every entity id mentioned anywhere — in the store, in attribute values,
+in the request or as an entity literal of the policies (``extra_ids``).
+
+``evaluate`` returns {"decision": "allow"|"deny", "reasons": [...], "errors": [...]}
+(display ids, as ``engine.Replay.to_json``) and raises ``AssertionError`` if the pinned
+constraints do not determine the decision (a gap in the pinning, not in Cedar).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import z3
+
+from .engine import Policy
+from .schema import CedarType, Schema, TBool, TEntity, TLong, TRecord, TSet, TString
+from .translate import Registry, Request, Store, Translator, Val, background, policy_set_terms
+
+__all__ = ["evaluate"]
+
+
+def _lit(ty: CedarType, v: Any) -> z3.ExprRef:
+    if isinstance(ty, TBool):
+        return z3.BoolVal(bool(v))
+    if isinstance(ty, TLong):
+        return z3.IntVal(int(v))
+    if isinstance(ty, TString):
+        return z3.StringVal(v)
+    if isinstance(ty, TEntity):
+        return z3.StringVal(v["__entity"]["id"])
+    if isinstance(ty, TSet):
+        from .translate import sort_of
+        arr = z3.K(sort_of(ty).domain(), z3.BoolVal(False))  # type: ignore[attr-defined]
+        for x in v:
+            arr = z3.Store(arr, _lit(ty.elem, x), z3.BoolVal(True))
+        return arr
+    raise TypeError(f"no literal for {ty}")
+
+
+def _pin(val: Val, v: Any, present: z3.BoolRef | None = None) -> list[z3.BoolRef]:
+    if isinstance(val.ty, TRecord):
+        out: list[z3.BoolRef] = []
+        for n, (pres, sub) in val.term.items():
+            if n in v:
+                out.append(pres)
+                out.extend(_pin(sub, v[n]))
+            else:
+                out.append(z3.Not(pres))
+        return out
+    return [val.term == _lit(val.ty, v)]
+
+
+def _closure(entities: list[dict[str, Any]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    parents = {(e["uid"]["type"], e["uid"]["id"]): {(p["type"], p["id"]) for p in e.get("parents", [])}
+               for e in entities}
+    out: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for k in parents:
+        seen: set[tuple[str, str]] = set()
+        todo = list(parents[k])
+        while todo:
+            p = todo.pop()
+            if p not in seen:
+                seen.add(p)
+                todo.extend(parents.get(p, ()))
+        out[k] = seen
+    return out
+
+
+def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], entities: list[dict[str, Any]],
+             extra_ids: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Decision of the Z3 model for one concrete request (see module docstring)."""
+    reg = Registry()
+    store = Store(schema, reg)
+    action = request["action"]["id"]
+    req = Request.make(schema, reg, action, request["principal"]["type"], request["resource"]["type"])
+    q = policy_set_terms(Translator(schema, store, req), policies)
+    pins: list[z3.BoolRef] = [req.p == z3.StringVal(request["principal"]["id"]),
+                              req.r == z3.StringVal(request["resource"]["id"])]
+    pins += _pin(req.ctx, request.get("context", {}))
+    ids: set[tuple[str, str]] = set(extra_ids)
+    ids.add((request["principal"]["type"], request["principal"]["id"]))
+    ids.add((request["resource"]["type"], request["resource"]["id"]))
+
+    def collect(v: Any) -> None:
+        if isinstance(v, dict):
+            if "__entity" in v:
+                ids.add((v["__entity"]["type"], v["__entity"]["id"]))
+            else:
+                for x in v.values():
+                    collect(x)
+        elif isinstance(v, list):
+            for x in v:
+                collect(x)
+
+    by_uid = {(e["uid"]["type"], e["uid"]["id"]): e for e in entities}
+    for e in entities:
+        ids.add((e["uid"]["type"], e["uid"]["id"]))
+        collect(e.get("attrs", {}))
+        for p in e.get("parents", []):
+            ids.add((p["type"], p["id"]))
+    tc = _closure(entities)
+    for typ, eid in sorted(ids):
+        if typ not in schema.entities:
+            continue
+        x = z3.StringVal(eid)
+        ent = by_uid.get((typ, eid))
+        pins.append(store.exists(typ, x) == z3.BoolVal(ent is not None))
+        if ent is not None:
+            for name, a in schema.entities[typ].attrs.fields:
+                present = name in ent.get("attrs", {})
+                if not a.required:
+                    pins.append(store.has(typ, name, x) == z3.BoolVal(present))
+                if present:
+                    pins += _pin(store.attr(typ, name, x), ent["attrs"][name])
+        for u in schema.ancestor_types(typ):
+            for utyp, uid in ids:
+                if utyp == u:
+                    pins.append(store.anc(typ, u, x, z3.StringVal(uid)) ==
+                                z3.BoolVal((u, uid) in tc.get((typ, eid), set())))
+    s = z3.Solver()
+    s.add(*background(schema, store, [req]))
+    s.add(*pins)
+    assert s.check() == z3.sat, "pinned store is inconsistent with the background axioms"
+    m = s.model()
+    allow = z3.is_true(m.eval(q.allow, model_completion=True))
+    s.add(q.allow != z3.BoolVal(allow))
+    assert s.check() == z3.unsat, "pinned store does not determine the decision"
+    sat = [t for t in q.terms if z3.is_true(m.eval(t.sat, model_completion=True))]
+    eff = "permit" if allow else "forbid"
+    return {"decision": "allow" if allow else "deny",
+            "reasons": sorted(t.policy.id for t in sat if t.policy.ast.effect == eff),
+            "errors": sorted(t.policy.id for t in q.terms if z3.is_true(m.eval(t.err, model_completion=True)))}
