@@ -28,6 +28,11 @@ class Settings(BaseSettings):
         description="visibility filter sent to the backend: the reference scope predicate "
         "(sound when policy-check proves Inv-Scope) or the tenant only",
     )
+    query_plan: Literal["pushdown", "postfilter-first"] = Field(
+        default="pushdown",
+        description="query: always AND the visibility filter (pushdown), or first try one unfiltered "
+        "over-fetch and refill under the pushdown only when it holds fewer than n_results readable rows",
+    )
     overfetch_factor: int = Field(default=2, ge=1, description="query over-fetch multiple of n_results")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")

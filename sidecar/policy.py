@@ -50,7 +50,10 @@ class CedarRequest:
 class PolicyEngine:
     """A loaded policy set + schema. Thread-safe and reusable; build with `PolicyEngine.load(dir)`."""
 
+    MEMO_SIZE = 4096
+
     def __init__(self, policies_text: str, schema_text: str, policy_files: list[Path], schema_file: Path) -> None:
+        self._memo: dict[str, Decision] = {}
         self.policies_text = policies_text
         self.schema_text = schema_text
         self.policy_files = policy_files
@@ -95,12 +98,29 @@ class PolicyEngine:
         """Evaluate `requests` against one shared entity list (Cedar JSON entity format).
 
         Returns one `Decision` per request, in order. Never raises: an engine error denies every request.
+        A single request is memoised on its exact (request, entities) JSON: Cedar evaluation is a pure
+        function of policy set, schema, request and entities, and the memo belongs to this policy set.
         """
         if not requests:
             return []
+        entities_json = json.dumps(entities, sort_keys=True, separators=(",", ":"))
+        if len(requests) == 1:
+            key = json.dumps(requests[0].to_json(), sort_keys=True) + entities_json
+            hit = self._memo.get(key)
+            if hit is not None:
+                return [hit]
+            decision = self._decide([requests[0]], entities_json)[0]
+            if not decision.errors:
+                if len(self._memo) >= self.MEMO_SIZE:
+                    self._memo.pop(next(iter(self._memo)))
+                self._memo[key] = decision
+            return [decision]
+        return self._decide(requests, entities_json)
+
+    def _decide(self, requests: list[CedarRequest], entities_json: str) -> list[Decision]:
         try:
             results = cedarpy.is_authorized_batch(
-                [r.to_json() for r in requests], self._policies, json.dumps(entities), self._schema
+                [r.to_json() for r in requests], self._policies, entities_json, self._schema
             )
         except Exception as exc:  # fail closed on any engine/entity/schema error
             return [Decision(False, (), (f"engine error: {exc}",))] * len(requests)

@@ -559,8 +559,13 @@ class ChromaProfile:
         include = body.get("include")
         offset = _nonneg_int(body.get("offset"), "offset", 0) or 0
         limit = _nonneg_int(body.get("limit"), "limit", None)
+        # With explicit ids the rows are already named: Cedar filters them and no pushdown is needed
+        # for recall (Chroma's filtered get costs more than the ids lookup).
+        where = self._where(ex, body.get("where")) if ids is None else body.get("where")
+        if where is not None and not isinstance(where, dict):
+            raise BadRequest("where must be an object")
         rows, included = await self._scan(
-            ex, rec, ids=ids, where=self._where(ex, body.get("where")), where_document=body.get("where_document"),
+            ex, rec, ids=ids, where=where, where_document=body.get("where_document"),
             include=include, offset=offset, limit=limit,
             keep=lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch),
         )
@@ -584,14 +589,18 @@ class ChromaProfile:
             raise BadRequest("query_embeddings must be a non-empty list")
         k = _nonneg_int(body.get("n_results"), "n_results", 10) or 0
         ids = _ids(body.get("ids"), required=False)
-        where = self._where(ex, body.get("where"))
+        client_where = body.get("where")
+        where = self._where(ex, client_where)
         pending = list(range(len(embeddings)))
         final: dict[int, list[dict[str, Any]]] = {}
         included: Any = None
         n_fetch = max(k * self.settings.overfetch_factor, 1)
+        # "postfilter-first": one unfiltered over-fetch first; if it already holds k readable rows they are
+        # the true top k (no readable row can rank above a fetched one). Otherwise refill with pushdown.
+        first_where = client_where if self.settings.query_plan == "postfilter-first" else where
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
-                   "where": where, "ids": ids}
+                   "where": first_where, "ids": ids}
             resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending):
                 raise UpstreamError("unexpected backend answer")
@@ -600,17 +609,18 @@ class ChromaProfile:
             for j in range(len(pending)):
                 sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
                 per_query.append(_columns_to_rows(sub, len(resp["ids"][j])))
-            all_ids = [r["ids"] for rows in per_query for r in rows]
-            allowed = self.authz.readable(ex, BACKEND, rec.collection_id, all_ids)
+            taken = self._first_readable(ex, rec, per_query, k)
             still: list[int] = []
             for j, i in enumerate(pending):
-                rows = [r for r in per_query[j] if r["ids"] in allowed]
                 exhausted = len(per_query[j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
-                if len(rows) >= k or exhausted:
-                    final[i] = rows[:k]
+                if len(taken[j]) >= k or exhausted:
+                    final[i] = taken[j]
                 else:
                     still.append(i)
             pending = still
+            if first_where is not where:
+                first_where = where  # refill under the pushdown, starting again at the first size
+                continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
         out: dict[str, Any] = {}
         keys = set()
@@ -628,6 +638,32 @@ class ChromaProfile:
         out["included"] = included if included is not None else include
         ex.row_ids = [r["ids"] for i in range(len(embeddings)) for r in final[i]]
         return 200, out
+
+    def _first_readable(self, ex: Exchange, rec: CollectionRecord, ranked: list[list[dict[str, Any]]],
+                        k: int) -> list[list[dict[str, Any]]]:
+        """For each ranked candidate list, its first `k` readable rows (rank order kept).
+
+        Rows are decided lazily, in batched windows of at most `k` undecided rows per list, so an
+        over-fetched tail is only sent to Cedar when earlier rows were denied.
+        """
+        decided: dict[str, bool] = {}
+        taken: list[list[dict[str, Any]]] = [[] for _ in ranked]
+        pos = [0] * len(ranked)
+        while True:
+            wanted: list[str] = []
+            for j, rows in enumerate(ranked):
+                while pos[j] < len(rows) and len(taken[j]) < k and rows[pos[j]]["ids"] in decided:
+                    if decided[rows[pos[j]]["ids"]]:
+                        taken[j].append(rows[pos[j]])
+                    pos[j] += 1
+                need = k - len(taken[j])
+                if need > 0:
+                    wanted += [r["ids"] for r in rows[pos[j]:pos[j] + need] if r["ids"] not in decided]
+            wanted = list(dict.fromkeys(wanted))
+            if not wanted:
+                return taken
+            allowed = self.authz.readable(ex, BACKEND, rec.collection_id, wanted)
+            decided.update({i: i in allowed for i in wanted})
 
     # -- deletes ----------------------------------------------------------------------------
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:

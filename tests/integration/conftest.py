@@ -135,3 +135,11 @@ def tenant_pushdown_stack(stack: Stack) -> Iterator[Stack]:
     sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_PUSHDOWN": "tenant"})
     yield Stack(stack.chroma, sidecar, stack.ledger_path)
     sidecar.stop()
+
+
+@pytest.fixture(scope="session")
+def postfilter_stack(stack: Stack) -> Iterator[Stack]:
+    """A sidecar whose query plan tries one unfiltered over-fetch before refilling under the pushdown."""
+    sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_QUERY_PLAN": "postfilter-first"})
+    yield Stack(stack.chroma, sidecar, stack.ledger_path)
+    sidecar.stop()

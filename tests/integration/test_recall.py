@@ -10,9 +10,9 @@ from tests.integration.conftest import Stack, unit_vectors
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("pushdown", ["scope", "tenant"])
-def test_query_returns_true_top_k_of_readable_rows(request: pytest.FixtureRequest, pushdown: str) -> None:
-    stack: Stack = request.getfixturevalue("stack" if pushdown == "scope" else "tenant_pushdown_stack")
+@pytest.mark.parametrize("plan", ["stack", "tenant_pushdown_stack", "postfilter_stack"])
+def test_query_returns_true_top_k_of_readable_rows(request: pytest.FixtureRequest, plan: str) -> None:
+    stack: Stack = request.getfixturevalue(plan)
     t = stack.tenant("recall")
     reader = stack.key(t.name, "red", "reader", 1)
     other = stack.key(t.name, "red", "other", 1)
@@ -41,3 +41,24 @@ def test_query_returns_true_top_k_of_readable_rows(request: pytest.FixtureReques
     assert sorted(everything) == sorted(readable)
     assert mine.get(where={"k": "x"}, limit=5, offset=15)["ids"] == everything[15:20]
     assert mine.get(where={"k": "x"}, limit=5, offset=18)["ids"] == everything[18:20]
+
+
+@pytest.mark.parametrize("plan", ["stack", "postfilter_stack"])
+def test_query_when_most_rows_are_readable(request: pytest.FixtureRequest, plan: str) -> None:
+    """The other regime: 90 of 100 rows readable; several query vectors in one call."""
+    stack: Stack = request.getfixturevalue(plan)
+    t = stack.tenant("dense")
+    reader = stack.key(t.name, "red", "reader", 1)
+    other = stack.key(t.name, "red", "other", 1)
+    v = unit_vectors(103, dim=16, seed=12)
+    mine = stack.client(reader, t.name).get_collection(t.collection)
+    mine.add(ids=[f"f{i}" for i in range(90)], embeddings=v[:90])  # fleet scope: readable
+    stack.client(other, t.name).get_collection(t.collection).add(
+        ids=[f"a{i}" for i in range(10)], embeddings=v[90:100], metadatas=[{"mw_scope": "agent"}] * 10)
+    readable = [f"f{i}" for i in range(90)]
+    direct = stack.direct(t.name).get_collection(t.collection)
+    got = mine.query(query_embeddings=v[100:103], n_results=7, include=["distances"])
+    truth = direct.query(query_embeddings=v[100:103], n_results=7, ids=readable, include=["distances"])
+    assert got["ids"] == truth["ids"]
+    for a, b in zip(got["distances"], truth["distances"]):
+        assert a == pytest.approx(b, rel=1e-5)
