@@ -39,6 +39,7 @@ import z3
 from cedarpy import pst
 
 from . import counterexample as cx
+from .concrete import evaluate
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
 from .schema import LONG, Schema, TLong
@@ -112,16 +113,6 @@ class _EnvCheck:
 
 def _scope_only(p: Policy) -> Policy:
     return dataclasses.replace(p, ast=dataclasses.replace(p.ast, clauses=()))
-
-
-def _model_verdict(model: z3.ModelRef, q: Query) -> dict[str, Any]:
-    allow = z3.is_true(model.eval(q.allow, model_completion=True))
-    sat = [t for t in q.terms if z3.is_true(model.eval(t.sat, model_completion=True))]
-    errs = [t.policy.id for t in q.terms if z3.is_true(model.eval(t.err, model_completion=True))]
-    eff = "permit" if allow else "forbid"
-    return {"decision": "allow" if allow else "deny",
-            "reasons": sorted(t.policy.id for t in sat if t.policy.ast.effect == eff),
-            "errors": sorted(errs)}
 
 
 def _agrees(model_v: dict[str, Any], cedar: Replay) -> bool:
@@ -234,27 +225,33 @@ def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy]
 
 def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,
                     q: Query, extra: Any, model: z3.ModelRef, dt: float) -> _EnvCheck:
+    """Write the model out as Cedar JSON, re-evaluate that concrete input with the Z3
+    model (``concrete.evaluate``) and with Cedar, and check that both agree and that it
+    really violates the invariant."""
     request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req),
                                         cx.entities_json(model, schema, q.store))
-    mv = _model_verdict(model, q)
+    mv = evaluate(schema, policies, request, entities)
     cedar = authorize(request, policies, entities, schema_text)
     cex: dict[str, Any] = {"invariant": inv.id, "kind": inv.kind, "request": request, "entities": entities,
                            "model": mv, "cedar": cedar.to_json()}
     ok = _agrees(mv, cedar)
     if inv.kind == "bound":
-        # The invariant itself, evaluated by Cedar on the same request.
-        iv = authorize(request, [inv.policy], entities, schema_text)
-        held = inv.policy.id in iv.reasons
-        cex["invariant_condition"] = {"model": inv.policy.ast.effect == "forbid", "cedar": held}
-        ok = ok and held == (inv.policy.ast.effect == "forbid")
+        # The invariant itself, evaluated by both on the same request.
+        forbid = inv.policy.ast.effect == "forbid"
+        im = inv.policy.id in evaluate(schema, [inv.policy], request, entities)["reasons"]
+        ic = inv.policy.id in authorize(request, [inv.policy], entities, schema_text).reasons
+        cex["invariant_condition"] = {"model": im, "cedar": ic}
+        ok = ok and im == ic == forbid and mv["decision"] == "allow"
+    elif inv.kind == "never-errors":
+        ok = ok and bool(mv["errors"])
     elif inv.kind == "monotone":
-        store2, q2 = extra
+        store2, _ = extra
         _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req),
                                        cx.entities_json(model, schema, store2))
-        mv2 = _model_verdict(model, q2)
+        mv2 = evaluate(schema, policies, request, entities2)
         cedar2 = authorize(request, policies, entities2, schema_text)
         cex["raised"] = {"entities": entities2, "model": mv2, "cedar": cedar2.to_json()}
-        ok = ok and _agrees(mv2, cedar2)
+        ok = ok and _agrees(mv2, cedar2) and mv["decision"] == "allow" and mv2["decision"] == "deny"
     if not ok:
         return _EnvCheck("DISAGREE", dt, "the Z3 model and Cedar disagree on this counterexample "
                          "(translator bug)", cex)
@@ -349,12 +346,13 @@ def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new
                 except Unsupported as exc:
                     parts.append(_EnvCheck("UNKNOWN", dt, f"counterexample: {exc}"))
                     continue
-                mo, mn = _model_verdict(model, qo), _model_verdict(model, qn)
+                mo = evaluate(schema, old, request, entities)
+                mn = evaluate(schema, new, request, entities)
                 co = authorize(request, old, entities, schema_text)
                 cn = authorize(request, new, entities, schema_text)
                 cex = {"invariant": direction, "request": request, "entities": entities,
                        "old": {"model": mo, "cedar": co.to_json()}, "new": {"model": mn, "cedar": cn.to_json()}}
-                ok = _agrees(mo, co) and _agrees(mn, cn)
+                ok = _agrees(mo, co) and _agrees(mn, cn) and mo["decision"] != mn["decision"]
                 msg = (f"{direction.replace('-', ' ')}: old {co.to_json()['decision']} "
                        f"({', '.join(sorted(co.reasons)) or 'no policy'}), new {cn.to_json()['decision']} "
                        f"({', '.join(sorted(cn.reasons)) or 'no policy'})")

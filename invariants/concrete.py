@@ -84,6 +84,10 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
                               req.r == z3.StringVal(request["resource"]["id"])]
     pins += _pin(req.ctx, request.get("context", {}))
     ids: set[tuple[str, str]] = set(extra_ids)
+    for typ, terms in reg.entities.items():  # entity literals of the policies
+        for t in terms.values():
+            if z3.is_string_value(t):
+                ids.add((typ, t.as_string()))  # type: ignore[attr-defined]
     ids.add((request["principal"]["type"], request["principal"]["id"]))
     ids.add((request["resource"]["type"], request["resource"]["id"]))
 
@@ -128,11 +132,26 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
     s.add(*pins)
     assert s.check() == z3.sat, "pinned store is inconsistent with the background axioms"
     m = s.model()
-    allow = z3.is_true(m.eval(q.allow, model_completion=True))
-    s.add(q.allow != z3.BoolVal(allow))
-    assert s.check() == z3.unsat, "pinned store does not determine the decision"
-    sat = [t for t in q.terms if z3.is_true(m.eval(t.sat, model_completion=True))]
+    allow = _decide(s, m, q.allow)
+    sat = [t for t in q.terms if _decide(s, m, t.sat)]
     eff = "permit" if allow else "forbid"
     return {"decision": "allow" if allow else "deny",
             "reasons": sorted(t.policy.id for t in sat if t.policy.ast.effect == eff),
-            "errors": sorted(t.policy.id for t in q.terms if z3.is_true(m.eval(t.err, model_completion=True)))}
+            "errors": sorted(t.policy.id for t in q.terms if _decide(s, m, t.err))}
+
+
+def _decide(s: z3.Solver, m: z3.ModelRef, term: z3.BoolRef) -> bool:
+    """Value of ``term`` under the pins.  Z3's model evaluator leaves set operations
+    (``subset``, ``map``) unreduced, so fall back to asking the solver both ways."""
+    v = m.eval(term, model_completion=True)
+    if z3.is_true(v) or z3.is_false(v):
+        return z3.is_true(v)
+    answers = []
+    for t in (term, z3.Not(term)):
+        s.push()
+        s.add(t)
+        answers.append(s.check())
+        s.pop()
+    if answers.count(z3.sat) != 1:
+        raise AssertionError(f"pinned store does not determine {term}: {answers}")
+    return answers[0] == z3.sat
