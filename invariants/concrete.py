@@ -80,6 +80,7 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
     action = request["action"]["id"]
     req = Request.make(schema, reg, action, request["principal"]["type"], request["resource"]["type"])
     q = policy_set_terms(Translator(schema, store, req), policies)
+    axioms = background(schema, store, [req])  # before pinning adds terms of its own
     pins: list[z3.BoolRef] = [req.p == z3.StringVal(request["principal"]["id"]),
                               req.r == z3.StringVal(request["resource"]["id"])]
     pins += _pin(req.ctx, request.get("context", {}))
@@ -128,7 +129,7 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
                     pins.append(store.anc(typ, u, x, z3.StringVal(uid)) ==
                                 z3.BoolVal((u, uid) in tc.get((typ, eid), set())))
     s = z3.Solver()
-    s.add(*background(schema, store, [req]))
+    s.add(*axioms)
     s.add(*pins)
     assert s.check() == z3.sat, "pinned store is inconsistent with the background axioms"
     m = s.model()
