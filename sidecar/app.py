@@ -12,17 +12,21 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sidecar import decisionlog
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.config import Settings
-from sidecar.ledger import Ledger, open_ledger
+from sidecar.ledger import Ledger, ledger_from_settings
 from sidecar.pipeline import Pipeline
 from sidecar.policy import PolicyEngine
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
+
+INTERNAL_PREFIX = b"/_memwarden/"
+
 
 class Services:
     """Everything a request needs, built once at start-up."""
@@ -31,7 +35,7 @@ class Services:
                  ledger: Ledger | None = None) -> None:
         self.settings = settings
         self.engine = PolicyEngine.load(settings.policies_dir)
-        self.ledger = ledger or open_ledger(str(settings.ledger_path))
+        self.ledger = ledger or ledger_from_settings(settings)
         self.upstream = Upstream(
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,
@@ -80,13 +84,28 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         ready = all(checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-
-    @app.api_route("/{path:path}", methods=methods, include_in_schema=False)
-    async def proxy(request: Request) -> Response:
-        status, body, ex = await services.pipeline.run(request.scope, request.receive)
-        payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        return Response(payload, status_code=status, media_type="application/json",
-                        headers={"x-request-id": ex.request_id})
-
+    app.add_middleware(PipelineMiddleware, pipeline=services.pipeline)
     return app
+
+
+class PipelineMiddleware:
+    """Outermost ASGI layer: every HTTP request whose raw path is not under ``/_memwarden/`` goes
+    through the pipeline — before any framework routing, so no path form (newlines, unmatched
+    characters, any method) can be answered by anything but the pipeline."""
+
+    def __init__(self, app: ASGIApp, pipeline: Pipeline) -> None:
+        self.app = app
+        self.pipeline = pipeline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") or scope.get("path", "").encode("latin-1", "replace")
+        if scope["type"] != "http" or raw.startswith(INTERNAL_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        status, body, ex = await self.pipeline.run(dict(scope), receive)
+        payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"x-request-id", ex.request_id.encode()),
+        ]})
+        await send({"type": "http.response.body", "body": payload})
