@@ -100,9 +100,9 @@ def canonical_headers(raw_headers: list[tuple[bytes, bytes]]) -> tuple[dict[str,
     for raw_name, raw_value in raw_headers:
         try:
             name = raw_name.decode("ascii").lower()
-            value = raw_value.decode("latin-1")
+            value = raw_value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise BadRequest("header name is not ASCII") from exc
+            raise BadRequest("header name is not ASCII or header value is not UTF-8") from exc
         if _CONTROL.search(name) or _CONTROL.search(value.replace("\t", " ")):
             raise BadRequest("header contains a control character")
         if name in METHOD_OVERRIDE_HEADERS:

@@ -46,7 +46,8 @@ def test_headers_strip_identity_and_reject_overrides() -> None:
     assert set(stripped) == {"x-agent-id", "x-tenant-id", "x-forwarded-for", "forwarded", "x-original-url", "x-envoy-original-path"}
     for bad in ([(b"X-HTTP-Method-Override", b"DELETE")], [(b"X-Method-Override", b"PUT")],
                 [(b"Content-Length", b"5"), (b"Transfer-Encoding", b"chunked")],
-                [(b"Content-Length", b"5"), (b"Content-Length", b"6")], [(b"X-A", b"a\x00b")]):
+                [(b"Content-Length", b"5"), (b"Content-Length", b"6")], [(b"X-A", b"a\x00b")],
+                [(b"X-A", b"\xff\xfe")], [(b"X-\xc3\xa9", b"v")]):
         with pytest.raises(BadRequest):
             c.canonical_headers(bad)
 
