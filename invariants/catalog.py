@@ -165,7 +165,15 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
     try:
         q = policy_set_terms(tr, policies)
     except Unsupported as exc:
-        return {i.id: _EnvCheck("UNKNOWN", 0.0, str(exc)) for i in invs}
+        unknown = {}
+        for i in invs:
+            try:
+                if tr.policy(_scope_only(i.policy)) is None:
+                    continue
+            except Unsupported:
+                pass
+            unknown[i.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
+        return unknown
     goals: dict[str, tuple[z3.BoolRef, Any]] = {}
     for inv in invs:
         try:

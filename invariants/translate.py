@@ -357,7 +357,7 @@ class Translator:
 
     def _unary(self, e: pst.UnaryOp) -> tuple[Val, z3.BoolRef]:
         if e.op not in ("not", "neg", "is_empty"):
-            raise Unsupported(f"extension function {e.op}")
+            raise Unsupported(f"extension function {e.op} (extension types are not modelled)")
         v, err = self.expr(e.arg)
         if e.op == "not":
             self._need(v, TBool, "!")

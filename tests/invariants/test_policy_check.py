@@ -1,0 +1,229 @@
+"""policy-check end to end: the default policies prove, each broken fixture is caught
+by the right invariant with a counterexample that Cedar confirms, exit codes, formats."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import invariants
+from invariants import translate
+from invariants.cli import app
+from invariants.engine import authorize, parse_text
+
+from .conftest import FIXTURES, POLICIES, SCHEMA
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def run_json(*args: str) -> tuple[int, dict[str, Any]]:
+    code, out = run(*args, "--format", "json")
+    return code, json.loads(out)
+
+
+def check_fixture(name: str, tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    return run_json(str(FIXTURES / name), "--schema", str(SCHEMA), "--invariants", str(POLICIES / "invariants"),
+                    "--counterexamples", str(tmp_path / "cex"))
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(invariants.__all__) == sorted([
+        "CheckResult", "Invariant", "check_invariants", "compare_sets", "load_invariants",
+        "InputError", "PolicyCheckError", "PolicyInvalid", "Unsupported", "Schema", "parse_schema"])
+
+
+def test_default_policies_prove_everything(tmp_path: Path) -> None:
+    code, rep = run_json(str(POLICIES), "--counterexamples", str(tmp_path))
+    assert code == 0, rep
+    statuses = {(r["invariant"], r["action"]): r["status"] for r in rep["results"]}
+    assert set(statuses.values()) == {"PROVED"}
+    invs = {i for i, _ in statuses}
+    assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
+                    "read-only-trust-0", "never-errors", "trust-monotonicity"}
+    # every schema action is covered, tenant isolation and never-errors on all nine
+    actions = {"read", "write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
+    assert {a for i, a in statuses if i == "tenant-isolation"} == actions
+    assert {a for i, a in statuses if i == "never-errors"} == actions
+    assert rep["summary"]["tests_passed"] >= 40 and rep["summary"]["tests_failed"] == 0
+    assert all(r["solver_seconds"] >= 0 for r in rep["results"])
+
+
+# (fixture, invariant, action) that must be VIOLATED; everything else listed as proved
+BROKEN = [
+    ("missing-tenant-check", "tenant-isolation", "read"),
+    ("erroring-deleted-forbid", "never-errors", "read"),
+    ("erroring-deleted-forbid", "deletion-closure", "read"),
+    ("fleet-ignores-trust", "inv-scope", "read"),
+    ("deleted-one-action", "deletion-closure", "redistribute"),
+    ("like-other-tenants", "tenant-isolation", "read"),
+    ("in-missing-parents", "inv-scope", "read"),
+]
+
+
+@pytest.mark.parametrize("fixture,invariant,action", BROKEN)
+def test_broken_fixture_is_caught_with_replayed_counterexample(fixture: str, invariant: str, action: str,
+                                                                tmp_path: Path) -> None:
+    code, rep = check_fixture(fixture, tmp_path)
+    assert code == 1
+    row = next(r for r in rep["results"] if r["invariant"] == invariant and r["action"] == action)
+    assert row["status"] == "VIOLATED", row
+    cex = row["counterexample"]
+    assert cex["model"] == cex["cedar"]
+    saved = json.loads(Path(row["counterexample_file"]).read_text())
+    assert saved == cex
+    # Replay it once more, independently, through cedarpy.
+    pols = parse_text((FIXTURES / fixture / "policies.cedar").read_text(), "policies.cedar").policies
+    again = authorize(cex["request"], pols, cex["entities"], SCHEMA.read_text())
+    if invariant == "never-errors":
+        assert again.errors
+    else:
+        assert again.allow
+
+
+def test_fixture_details(tmp_path: Path) -> None:
+    # deletion guard missing one action: only that action is violated
+    _, rep = check_fixture("deleted-one-action", tmp_path)
+    bad = {(r["invariant"], r["action"]) for r in rep["results"] if r["status"] != "PROVED"}
+    assert bad == {("deletion-closure", "redistribute")}
+    # the erroring forbid: the counterexample's owner is absent from the store and the row is deleted
+    _, rep = check_fixture("erroring-deleted-forbid", tmp_path)
+    row = next(r for r in rep["results"] if (r["invariant"], r["action"]) == ("deletion-closure", "read"))
+    ents = {(e["uid"]["type"], e["uid"]["id"]): e for e in row["counterexample"]["entities"]}
+    res = ents[("Memory", row["counterexample"]["request"]["resource"]["id"])]
+    assert res["attrs"]["status"] == "deleted"
+    assert ("Agent", res["attrs"]["owner"]["__entity"]["id"]) not in ents
+    assert row["counterexample"]["cedar"]["errors"] == ["forbid-orphaned-or-deleted"]
+    # like: the row is another tenant's, and its subject matches "t1*"
+    _, rep = check_fixture("like-other-tenants", tmp_path)
+    row = next(r for r in rep["results"] if (r["invariant"], r["action"]) == ("tenant-isolation", "read"))
+    ents = {(e["uid"]["type"], e["uid"]["id"]): e for e in row["counterexample"]["entities"]}
+    res = ents[("Memory", row["counterexample"]["request"]["resource"]["id"])]
+    assert res["attrs"]["tenant"]["__entity"]["id"] != "t1" and res["attrs"]["subject"].startswith("t1")
+
+
+def test_text_output_shows_counterexample(tmp_path: Path) -> None:
+    code, out = run(str(FIXTURES / "fleet-ignores-trust"), "--schema", str(SCHEMA),
+                    "-i", str(POLICIES / "invariants"), "--counterexamples", str(tmp_path))
+    assert code == 1
+    assert "VIOLATED" in out and '"principal"' in out and "read-fleet-scope" in out
+    assert list(tmp_path.glob("inv-scope--read.json"))
+
+
+def test_sarif_and_junit(tmp_path: Path) -> None:
+    args = [str(FIXTURES / "missing-tenant-check"), "--schema", str(SCHEMA), "-i", str(POLICIES / "invariants"),
+            "--counterexamples", str(tmp_path)]
+    code, out = run(*args, "--format", "sarif")
+    assert code == 1
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0"
+    ids = {r["ruleId"] for r in sarif["runs"][0]["results"]}
+    assert "tenant-isolation" in ids
+    code, out = run(*args, "--format", "junit")
+    assert code == 1
+    root = ET.fromstring(out)
+    failures = root.findall(".//testcase/failure")
+    assert any(f.get("type") == "VIOLATED" for f in failures)
+
+
+def _copy_policies(tmp_path: Path) -> Path:
+    d = tmp_path / "pol"
+    shutil.copytree(POLICIES, d)
+    return d
+
+
+def test_exit_1_on_invalid_policy_with_file_and_line(tmp_path: Path) -> None:
+    d = _copy_policies(tmp_path)
+    (d / "zz-bad.cedar").write_text('// comment\n\n@id("bad")\npermit (principal is Agent, action, resource)\n'
+                                    'when { principal.nope == 1 };\n')
+    code, rep = run_json(str(d))
+    assert code == 1
+    assert rep["invalid"][0]["file"].endswith("zz-bad.cedar") and rep["invalid"][0]["line"] == 3
+    (d / "zz-bad.cedar").write_text('permit (principal, action, resource);\n\npermit (principal, action resource);\n')
+    code, out = run(str(d))
+    assert code == 1 and "zz-bad.cedar:3" in out.replace("\n", "")
+
+
+def test_exit_1_on_failing_policy_test(tmp_path: Path) -> None:
+    d = _copy_policies(tmp_path)
+    t = json.loads((d / "tests" / "read-scopes.json").read_text())
+    t["cases"][0]["expect"] = "deny"
+    (d / "tests" / "read-scopes.json").write_text(json.dumps(t))
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1 and rep["summary"]["tests_failed"] == 1
+
+
+def test_exit_1_on_uncovered_action(tmp_path: Path) -> None:
+    d = _copy_policies(tmp_path)
+    for f in (d / "invariants").glob("*.cedar"):
+        if f.name != "inv-scope.cedar":
+            f.unlink()
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1
+    uncovered = {r["action"] for r in rep["results"] if r["status"] == "UNCOVERED"}
+    assert uncovered == {"write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
+    (d / "invariants" / "rest.cedar").write_text(
+        '@id("rest") @kind("unconstrained")\npermit (principal, action in [Action::"write", Action::"update", '
+        'Action::"delete", Action::"redistribute", Action::"search", Action::"delete_bulk", Action::"list", '
+        'Action::"admin"], resource);\n')
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 0, rep
+
+
+def test_exit_2_on_usage_errors(tmp_path: Path) -> None:
+    assert run(str(tmp_path / "missing"))[0] == 2
+    assert run()[0] == 2
+    assert run(str(POLICIES), "--compare", str(POLICIES), str(POLICIES))[0] == 2
+    (tmp_path / "x.cedar").write_text("")
+    assert run(str(tmp_path))[0] == 2  # no schema
+    assert run(str(POLICIES), "--format", "yaml")[0] == 2
+
+
+def test_exit_3_on_unmodelled_construct(tmp_path: Path) -> None:
+    d = _copy_policies(tmp_path)
+    (d / "zz-ip.cedar").write_text('@id("loopback-forbid")\nforbid (principal, action, resource)\n'
+                                   'when { ip("10.0.0.1").isLoopback() };\n')
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 3
+    unknown = [r for r in rep["results"] if r["status"] == "UNKNOWN"]
+    assert unknown and all("loopback-forbid" in r["message"] and "extension" in r["message"] for r in unknown)
+    assert not any(r["status"] == "PROVED" for r in rep["results"])
+
+
+def test_exit_4_when_model_and_cedar_disagree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inject a translator bug: `like` matches exactly the strings the pattern rejects.
+    real = translate._pattern
+    monkeypatch.setattr(translate, "_pattern", lambda elems: translate.z3.Complement(real(elems)))
+    code, rep = check_fixture("like-other-tenants", tmp_path)
+    assert code == 4
+    bad = [r for r in rep["results"] if r["status"] == "DISAGREE"]
+    assert bad and bad[0]["counterexample"]["model"] != bad[0]["counterexample"]["cedar"]
+
+
+def test_compare_reports_newly_permitted_requests(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    new.mkdir()
+    shutil.copy(SCHEMA, new)
+    shutil.copy(FIXTURES / "fleet-ignores-trust" / "policies.cedar", new)
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(SCHEMA, old)
+    shutil.copy(POLICIES / "default.cedar", old)
+    code, rep = run_json("--compare", str(old), str(new), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1
+    changed = {(r["invariant"], r["action"]) for r in rep["results"] if r["status"] == "CHANGED"}
+    assert changed == {("newly-permitted", "read")}
+    cex = next(r for r in rep["results"] if r["status"] == "CHANGED")["counterexample"]
+    assert cex["old"]["cedar"]["decision"] == "deny" and cex["new"]["cedar"]["decision"] == "allow"
+    code, rep = run_json("--compare", str(old), str(old), "--counterexamples", str(tmp_path / "c"))
+    assert code == 0 and {r["status"] for r in rep["results"]} == {"UNCHANGED"}
