@@ -12,16 +12,18 @@ from rich.table import Table
 
 from sidecar.config import Settings
 from sidecar.errors import PolicyLoadError
-from sidecar.ledger import open_ledger
+from sidecar.ledger import ledger_from_settings, open_ledger
 
 app = typer.Typer(help="memwarden: Cedar governance sidecar for agent memory", no_args_is_help=True)
 keys = typer.Typer(help="manage API keys (stored as salted hashes in the ledger)", no_args_is_help=True)
 app.add_typer(keys, name="keys")
+ledger_cli = typer.Typer(help="ledger schema (SQLite file or MEMWARDEN_LEDGER_URL PostgreSQL)", no_args_is_help=True)
+app.add_typer(ledger_cli, name="ledger")
 console = Console()
 
 
 def _settings(ledger: Optional[Path]) -> Settings:
-    return Settings(ledger_path=ledger) if ledger else Settings()
+    return Settings(ledger_path=ledger, ledger_url=None) if ledger else Settings()  # --ledger: an SQLite file
 
 
 @app.command()
@@ -65,7 +67,7 @@ def keys_create(
     if admin == bool(fleet or agent):
         console.print("[red]give either --admin or both --fleet and --agent[/red]")
         raise typer.Exit(2)
-    store = open_ledger(str(_settings(ledger).ledger_path))
+    store = ledger_from_settings(_settings(ledger))
     try:
         record, plaintext = store.create_key("admin" if admin else "agent", tenant, fleet, agent, trust)
     except ValueError as exc:
@@ -83,7 +85,7 @@ def keys_list(
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """List keys (never their secrets)."""
-    store = open_ledger(str(_settings(ledger).ledger_path))
+    store = ledger_from_settings(_settings(ledger))
     table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "revoked")
     for k in store.list_keys(tenant):
         table.add_row(k.key_id, k.kind, k.tenant, k.fleet or "", k.agent or "", str(k.trust), "yes" if k.revoked_at else "")
@@ -97,13 +99,33 @@ def keys_revoke(
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """Revoke a key; effective on the next request."""
-    store = open_ledger(str(_settings(ledger).ledger_path))
+    store = ledger_from_settings(_settings(ledger))
     ok = store.revoke_key(key_id)
     store.close()
     if not ok:
         console.print(f"[red]no active key {key_id}[/red]")
         raise typer.Exit(1)
     console.print(f"revoked {key_id}")
+
+
+@ledger_cli.command("migrate")
+def ledger_migrate(
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_URL / MEMWARDEN_LEDGER_PATH)"),
+) -> None:
+    """Apply pending ledger migrations (idempotent; replicas starting together migrate once)."""
+    settings = _settings(ledger)
+    if settings.ledger_url:
+        settings = settings.model_copy(update={"ledger_migrate_on_start": True})
+    try:
+        store = ledger_from_settings(settings)
+    except Exception as exc:
+        console.print(f"[red]memwarden: ledger not reachable or migration failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    try:
+        version = store.migrate()  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    console.print(f"ledger schema at version {version}")
 
 
 @app.command()

@@ -21,6 +21,15 @@ class Settings(BaseSettings):
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
+    ledger_url: str | None = Field(
+        default=None, pattern=r"^postgres(ql)?://",
+        description="PostgreSQL ledger URL shared by replicas; when set it replaces ledger_path")
+    ledger_schema: str = Field(default="public", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="PostgreSQL schema of the ledger tables")
+    ledger_pool_min: int = Field(default=1, ge=0, description="PostgreSQL pooled connections kept open, per process")
+    ledger_pool_max: int = Field(default=10, ge=1, description="PostgreSQL pooled connections at most, per process")
+    ledger_timeout_s: float = Field(default=5.0, gt=0, description="seconds to get a pooled/new PostgreSQL connection")
+    ledger_migrate_on_start: bool = Field(
+        default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
     policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="request body limit, bytes (413 above)")
     pushdown: Literal["scope", "tenant"] = Field(

@@ -1,27 +1,64 @@
-"""SQLite ledger: keys are stored hashed, revocation is immediate, reservations and tombstones are atomic."""
+"""The ledger suite, run on SQLite and on PostgreSQL (a fresh database per session, a fresh schema per
+test): keys are stored hashed, revocation is immediate, reservations and tombstones are atomic."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
+import psycopg
 import pytest
 
 from sidecar.governance import Row
-from sidecar.ledger import CollectionRecord, SQLiteLedger
+from sidecar.ledger import CollectionRecord, Ledger, SQLiteLedger, open_ledger
+from sidecar.ledger.postgres import PostgresLedger, SchemaOutOfDate
+from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
+
+Opener = Callable[[], Any]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """A function opening (again) the same ledger: one SQLite file, or one PostgreSQL schema."""
+    opened: list[Any] = []
+    if request.param == "sqlite":
+        def open_() -> Any:
+            opened.append(SQLiteLedger(tmp_path / "l.db"))
+            return opened[-1]
+    else:
+        url, schema = request.getfixturevalue("pg_url"), fresh_schema()
+
+        def open_() -> Any:
+            opened.append(open_ledger(url, schema=schema, max_size=4))
+            return opened[-1]
+    yield open_
+    for ledger in opened:
+        try:
+            ledger.close()
+        except Exception:
+            pass
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> SQLiteLedger:
-    return SQLiteLedger(tmp_path / "l.db")
+def ledger(opener: Opener) -> Ledger:
+    return opener()
 
 
-def test_keys_hashed_authenticated_revoked(ledger: SQLiteLedger, tmp_path: Path) -> None:
+def _raw_keys(ledger: Any) -> str:
+    """Everything stored in api_keys, as text."""
+    if isinstance(ledger, SQLiteLedger):
+        return repr(ledger._db.execute("SELECT * FROM api_keys").fetchall())
+    with ledger._conn() as db:
+        return repr(db.execute("SELECT * FROM api_keys").fetchall())
+
+
+def test_keys_hashed_authenticated_revoked(ledger: Ledger) -> None:
     rec, key = ledger.create_key("agent", "t", "red", "a", 2)
     p = ledger.authenticate(key)
     assert p is not None and (p.tenant, p.fleet, p.agent, p.trust, p.kind) == ("t", "red", "a", 2, "agent")
-    raw = sqlite3.connect(tmp_path / "l.db").execute("SELECT * FROM api_keys").fetchall()
-    assert key.split(".", 1)[1] not in repr(raw)
+    assert key.split(".", 1)[1] not in _raw_keys(ledger)
     assert ledger.authenticate(key + "x") is None
     assert ledger.authenticate(key.replace(rec.key_id, "0" * 16)) is None
     assert ledger.authenticate("garbage") is None
@@ -34,7 +71,7 @@ def test_keys_hashed_authenticated_revoked(ledger: SQLiteLedger, tmp_path: Path)
             ledger.create_key(*bad)
 
 
-def test_agent_trust_recorded_for_owner_entities(ledger: SQLiteLedger) -> None:
+def test_agent_trust_recorded_for_owner_entities(ledger: Ledger) -> None:
     ledger.create_key("agent", "t", "red", "a", 1)
     ents = ledger.agent_entities({"t/red/a", "t/red/unknown"})
     assert set(ents) == {"t/red/a"} and ents["t/red/a"]["attrs"]["trust"] == 1
@@ -44,7 +81,7 @@ def _row(i: str) -> Row:
     return Row("chroma", "c1", i, "t", "red", "t/red/a", "fleet", "t/red/a", 1)
 
 
-def test_reserve_activate_release_tombstone(ledger: SQLiteLedger) -> None:
+def test_reserve_activate_release_tombstone(ledger: Ledger) -> None:
     assert ledger.reserve_rows([_row("a"), _row("b")]) == []
     assert {r.status for r in ledger.get_rows("chroma", "c1", ["a", "b"]).values()} == {"pending"}
     assert ledger.reserve_rows([_row("c"), _row("a")]) == ["a"]
@@ -61,7 +98,7 @@ def test_reserve_activate_release_tombstone(ledger: SQLiteLedger) -> None:
     assert ledger.reserve_rows([_row("a")]) == ["a"]  # a tombstoned id is never reusable
 
 
-def test_collections_and_migrations(ledger: SQLiteLedger, tmp_path: Path) -> None:
+def test_collections_and_migrations(ledger: Ledger, opener: Opener) -> None:
     ledger.register_collection(CollectionRecord("chroma", "c1", "t", "db", "mem", "x", 1))
     assert ledger.get_collection("chroma", "c1").tenant == "t"  # type: ignore[union-attr]
     assert [c.collection_id for c in ledger.list_collections("chroma", "t", "db")] == ["c1"]
@@ -71,5 +108,128 @@ def test_collections_and_migrations(ledger: SQLiteLedger, tmp_path: Path) -> Non
     assert ledger.get_collection("chroma", "c1") is None
     assert ledger.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
     ledger.close()
-    again = SQLiteLedger(tmp_path / "l.db")  # re-open: migrations are idempotent
+    again = opener()  # re-open: migrations are idempotent, the data is still there
     assert again.migrate() == 1 and again.ping()
+    assert again.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
+
+
+def test_second_instance_sees_every_commit_at_once(opener: Opener) -> None:
+    """Two ledgers on one store (two replicas): nothing is cached, every commit is seen on the next call."""
+    a, b = opener(), opener()
+    rec, key = a.create_key("agent", "t", "red", "a", 1)
+    assert b.authenticate(key) is not None
+    assert a.revoke_key(rec.key_id)
+    assert b.authenticate(key) is None
+    assert a.reserve_rows([_row("x"), _row("y")]) == []
+    assert b.reserve_rows([_row("y")]) == ["y"]
+    a.activate_rows("chroma", "c1", ["x", "y"])
+    assert {r.status for r in b.get_rows("chroma", "c1", ["x", "y"]).values()} == {"active"}
+    moved = b.get_rows("chroma", "c1", ["x"])["x"]
+    moved.scope, moved.readers = "restricted", ("t/red/b",)
+    b.update_governance([moved])
+    assert a.get_rows("chroma", "c1", ["x"])["x"].readers == ("t/red/b",)
+    a.tombstone("chroma", "c1", ["y"], "t/red/a", "req")
+    assert b.get_rows("chroma", "c1", ["y"])["y"].status == "deleted"
+    assert b.pending_tombstones("chroma") == [("c1", "y")]
+    b.register_collection(CollectionRecord("chroma", "c9", "t", "db", "mem", "x", 1))
+    assert a.get_collection("chroma", "c9") is not None
+
+
+def test_reserve_is_all_or_nothing_under_concurrency(opener: Opener) -> None:
+    """Eight threads reserve {shared, own_i}: exactly one wins, the others insert nothing."""
+    ledger = opener()
+    results: dict[int, list[str]] = {}
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        rows = [_row("shared"), _row(f"own{i}")]
+        barrier.wait()
+        results[i] = ledger.reserve_rows(rows)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, taken in results.items() if taken == []]
+    assert len(winners) == 1 and all(results[i] == ["shared"] for i in results if i not in winners)
+    present = set(ledger.get_rows("chroma", "c1", ["shared", *(f"own{i}" for i in range(8))]))
+    assert present == {"shared", f"own{winners[0]}"}
+
+
+def test_conflicting_reservation_leaves_rows_untouched(ledger: Ledger) -> None:
+    ledger.reserve_rows([_row("a")])
+    mine = [_row("b"), _row("a")]
+    assert ledger.reserve_rows(mine) == ["a"]
+    assert [r.status for r in mine] == ["active", "active"]
+
+
+def test_duplicate_collection_is_refused(ledger: Ledger) -> None:
+    rec = CollectionRecord("chroma", "c1", "t", "db", "mem", "x", 1)
+    ledger.register_collection(rec)
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):
+        ledger.register_collection(rec)
+    assert [c.collection_id for c in ledger.list_collections("chroma", "t", "db")] == ["c1"]
+
+
+def test_postgres_versioned_migrations(pg_url: str) -> None:
+    schema = fresh_schema()
+    with pytest.raises(SchemaOutOfDate):
+        PostgresLedger(pg_url, schema=schema, migrate_on_open=False)
+    # replicas starting together: the advisory lock makes them migrate once
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            PostgresLedger(pg_url, schema=schema, max_size=2).close()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    ledger = PostgresLedger(pg_url, schema=schema, migrate_on_open=False)
+    try:
+        assert ledger.schema_version() == 1
+        with ledger._conn() as db:
+            assert [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == [1]
+    finally:
+        ledger.close()
+    with pytest.raises(ValueError):
+        PostgresLedger(pg_url, schema="Robert'); DROP TABLE x;--")
+
+
+def test_postgres_unreachable_fails_fast() -> None:
+    with pytest.raises(Exception):
+        PostgresLedger("postgresql://postgres@127.0.0.1:1/none", timeout_s=1.0)
+
+
+def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sidecar.cli import app
+
+    schema = fresh_schema()
+    monkeypatch.setenv("MEMWARDEN_LEDGER_URL", pg_url)
+    monkeypatch.setenv("MEMWARDEN_LEDGER_SCHEMA", schema)
+    monkeypatch.setenv("MEMWARDEN_LEDGER_MIGRATE_ON_START", "false")
+    runner = CliRunner()
+    first = runner.invoke(app, ["ledger", "migrate"])
+    assert first.exit_code == 0 and "version 1" in first.output, first.output
+    assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 0  # idempotent
+    created = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a", "--trust", "1"])
+    assert created.exit_code == 0, created.output
+    key = next(line for line in created.output.splitlines() if line.startswith("mwk_"))
+    ledger = PostgresLedger(pg_url, schema=schema, migrate_on_open=False)
+    try:
+        assert ledger.authenticate(key) is not None
+    finally:
+        ledger.close()
+    sqlite_run = runner.invoke(app, ["ledger", "migrate", "--ledger", str(tmp_path / "x.db")])
+    assert sqlite_run.exit_code == 0 and "version 1" in sqlite_run.output
+    monkeypatch.setenv("MEMWARDEN_LEDGER_URL", "postgresql://postgres@127.0.0.1:1/none")
+    monkeypatch.setenv("MEMWARDEN_LEDGER_TIMEOUT_S", "1")
+    assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 1

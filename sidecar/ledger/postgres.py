@@ -1,0 +1,413 @@
+"""PostgreSQL ledger (scale-out): one database shared by every sidecar replica.
+
+Same protocol, schema and semantics as `SQLiteLedger` (DESIGN.md §4):
+
+- every public method is one transaction on a pooled connection (psycopg 3 + psycopg_pool);
+- every write commits before it returns, with ``synchronous_commit=on`` forced per connection,
+  so a tombstone is durable before the backend delete is attempted;
+- nothing is cached: keys, rows, collections and tombstones are read from the database on every
+  call, so a revocation, deletion or supersession committed through one replica is seen by every
+  other replica on its next request;
+- `reserve_rows` is all-or-nothing under concurrency: ``INSERT … ON CONFLICT DO NOTHING
+  RETURNING`` inside one transaction, rolled back when any id was taken (a concurrent insert of
+  the same id blocks on the unique index until the other transaction ends).
+
+Migrations are versioned (``schema_version``) and applied at open under a transaction-scoped
+advisory lock, so replicas starting together migrate once. Driver errors are not caught here: they
+propagate to the pipeline's outer guard, which denies (fail closed).
+Sources: PostgreSQL 15 manual (INSERT … ON CONFLICT, pg_advisory_xact_lock, synchronous_commit),
+psycopg 3.2 documentation (transactions, executemany ``returning``), psycopg_pool 3.2.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+from typing import Any, Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from sidecar.governance import Principal, Row, agent_entity, agent_id
+from sidecar.ledger.base import CollectionRecord, KeyRecord, hash_secret, new_key_secret, now_us, parse_key
+
+# Each entry migrates from version i to i+1. Version 1 is the SQLite schema with BIGINT times.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE api_keys (
+        key_id TEXT PRIMARY KEY, salt TEXT NOT NULL, hash TEXT NOT NULL, kind TEXT NOT NULL,
+        tenant TEXT NOT NULL, fleet TEXT, agent TEXT, trust INTEGER NOT NULL,
+        created_at BIGINT NOT NULL, revoked_at BIGINT
+    );
+    CREATE TABLE agents (
+        agent_uid TEXT PRIMARY KEY, tenant TEXT NOT NULL, fleet TEXT NOT NULL, agent TEXT NOT NULL,
+        trust INTEGER NOT NULL, roles TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE TABLE collections (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, tenant TEXT NOT NULL, database TEXT NOT NULL,
+        name TEXT NOT NULL, created_by TEXT NOT NULL, created_at BIGINT NOT NULL, deleted_at BIGINT,
+        PRIMARY KEY (backend, collection_id)
+    );
+    CREATE TABLE rows (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, row_id TEXT NOT NULL,
+        tenant TEXT NOT NULL, fleet TEXT NOT NULL, owner TEXT NOT NULL, scope TEXT NOT NULL,
+        readers TEXT NOT NULL, labels TEXT NOT NULL, status TEXT NOT NULL, writer TEXT NOT NULL,
+        created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, request_id TEXT NOT NULL,
+        subject TEXT, predicate TEXT, object TEXT, extra TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (backend, collection_id, row_id)
+    );
+    CREATE TABLE tombstones (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, row_id TEXT NOT NULL,
+        deleted_at BIGINT NOT NULL, deleted_by TEXT NOT NULL, request_id TEXT NOT NULL,
+        backend_deleted_at BIGINT,
+        PRIMARY KEY (backend, collection_id, row_id)
+    );
+    CREATE INDEX tombstones_pending ON tombstones (backend) WHERE backend_deleted_at IS NULL;
+    CREATE INDEX collections_namespace ON collections (backend, tenant, database) WHERE deleted_at IS NULL;
+    """,
+]
+
+_ROW_COLUMNS = (
+    "backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
+    "created_at, updated_at, request_id, subject, predicate, object, extra"
+)
+_MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database schema is older than this code and migrations at open are disabled."""
+
+
+def _row_from_db(r: dict[str, Any]) -> Row:
+    return Row(
+        backend=r["backend"], collection=r["collection_id"], row_id=r["row_id"], tenant=r["tenant"],
+        fleet=r["fleet"], owner=r["owner"], scope=r["scope"], writer=r["writer"], created_at=r["created_at"],
+        status=r["status"], readers=tuple(json.loads(r["readers"])), labels=tuple(json.loads(r["labels"])),
+        request_id=r["request_id"], subject=r["subject"], predicate=r["predicate"], object=r["object"],
+        extra=json.loads(r["extra"]),
+    )
+
+
+def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
+    return (
+        row.backend, row.collection, row.row_id, row.tenant, row.fleet, row.owner, row.scope,
+        json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.status, row.writer,
+        row.created_at, updated_at, row.request_id, row.subject, row.predicate, row.object, json.dumps(row.extra),
+    )
+
+
+class _Rollback(Exception):
+    """Internal: abort the current transaction and hand a value back to the caller."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__("rollback")
+        self.value = value
+
+
+class PostgresLedger:
+    """The `Ledger` protocol on a PostgreSQL database.
+
+    `url`: libpq connection string or ``postgresql://`` URL. `schema`: the schema holding the
+    tables (created if missing; ``public`` by default). `min_size`/`max_size`: pooled
+    connections per process. `timeout_s`: seconds to wait for a pooled connection and to connect
+    (a ledger that cannot answer in time raises, and the request is denied). `migrate_on_open`:
+    apply pending migrations at open; when False, an out-of-date schema raises `SchemaOutOfDate`.
+    """
+
+    def __init__(self, url: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10,
+                 timeout_s: float = 5.0, migrate_on_open: bool = True) -> None:
+        if not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"ledger schema {schema!r} must be a lower-case SQL identifier")
+        self.schema = schema
+        self._pool = ConnectionPool(
+            url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False,
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
+                    "options": f"-c search_path={schema} -c synchronous_commit=on"},
+            name="memwarden-ledger",
+        )
+        self._pool.open(wait=True, timeout=timeout_s)
+        try:
+            if migrate_on_open:
+                self.migrate()
+            elif self.schema_version() < len(MIGRATIONS):
+                raise SchemaOutOfDate(
+                    f"ledger schema version {self.schema_version()} < {len(MIGRATIONS)}: run `memwarden ledger migrate`")
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        with self._pool.connection() as conn:
+            yield conn  # type: ignore[misc]
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        with self._pool.connection() as conn, conn.transaction():
+            yield conn  # type: ignore[misc]
+
+    def schema_version(self) -> int:
+        """The migration version in force (0 for an empty schema)."""
+        with self._conn() as db:
+            exists = db.execute("SELECT to_regclass('schema_version') IS NOT NULL AS e").fetchone()
+            if not exists or not exists["e"]:
+                return 0
+            r = db.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version").fetchone()
+            return int(r["v"]) if r else 0
+
+    def migrate(self) -> int:
+        """Apply pending migrations (serialised across replicas); returns the schema version now in force."""
+        with self._tx() as db:
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at BIGINT NOT NULL)")
+            r = db.execute("SELECT COALESCE(MAX(version), 0) AS v FROM schema_version").fetchone()
+            current = int(r["v"]) if r else 0
+            for version in range(current, len(MIGRATIONS)):
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        db.execute(statement)  # type: ignore[call-overload]
+                db.execute("INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)", (version + 1, now_us()))
+        return len(MIGRATIONS)
+
+    def ping(self) -> bool:
+        with self._conn() as db:
+            r = db.execute("SELECT 1 AS one").fetchone()
+            return r is not None and r["one"] == 1
+
+    def pool_stats(self) -> dict[str, int]:
+        """psycopg_pool statistics (pool_size, pool_available, requests_waiting, …)."""
+        return dict(self._pool.get_stats())
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- keys and agents --------------------------------------------------------------------
+    def create_key(self, kind: str, tenant: str, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
+        """Store a new key (salted hash only) and return its record and the plaintext, shown once.
+
+        For agent keys the agent's record (trust) is created or updated. Raises ValueError on bad input.
+        """
+        if kind not in ("agent", "admin"):
+            raise ValueError("kind must be 'agent' or 'admin'")
+        for name, value in (("tenant", tenant), ("fleet", fleet), ("agent", agent)):
+            if value is not None and (not value or "/" in value or ":" in value or not value.isprintable()):
+                raise ValueError(f"{name} must be a non-empty printable name without '/' or ':'")
+        if kind == "agent" and (not fleet or not agent):
+            raise ValueError("agent keys need fleet and agent")
+        if not 0 <= trust <= 3:
+            raise ValueError("trust must be 0..3")
+        key_id, secret = new_key_secret()
+        salt = os.urandom(16)
+        record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
+            )
+            if kind == "agent":
+                assert fleet is not None and agent is not None
+                db.execute(
+                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust",
+                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust),
+                )
+        return record, f"mwk_{key_id}.{secret}"
+
+    def authenticate(self, plaintext: str) -> Principal | None:
+        """The principal of a valid, unrevoked key; None otherwise. Read on every call (never cached)."""
+        parsed = parse_key(plaintext)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        with self._conn() as db:
+            r = db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,)).fetchone()
+        if r is None:
+            hmac.compare_digest(hash_secret(b"\0" * 16, secret), "0" * 64)
+            return None
+        if not hmac.compare_digest(hash_secret(bytes.fromhex(r["salt"]), secret), r["hash"]):
+            return None
+        if r["revoked_at"] is not None:
+            return None
+        return self._key(r).principal()
+
+    @staticmethod
+    def _key(r: dict[str, Any]) -> KeyRecord:
+        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"])
+
+    def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
+        with self._conn() as db:
+            if tenant is None:
+                rows = db.execute("SELECT * FROM api_keys ORDER BY created_at, key_id").fetchall()
+            else:
+                rows = db.execute("SELECT * FROM api_keys WHERE tenant = %s ORDER BY created_at, key_id", (tenant,)).fetchall()
+        return [self._key(r) for r in rows]
+
+    def revoke_key(self, key_id: str) -> bool:
+        """Revoke a key; True if it existed and was active. Committed before return."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE api_keys SET revoked_at = %s WHERE key_id = %s AND revoked_at IS NULL", (now_us(), key_id))
+            return cur.rowcount == 1
+
+    def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
+        """Cedar entities of the known agents among `agent_uids`."""
+        if not agent_uids:
+            return {}
+        with self._conn() as db:
+            rows = db.execute("SELECT * FROM agents WHERE agent_uid = ANY(%s)", (sorted(agent_uids),)).fetchall()
+        return {r["agent_uid"]: agent_entity(r["tenant"], r["fleet"], r["agent"], r["trust"], tuple(json.loads(r["roles"])))
+                for r in rows}
+
+    # -- collections ------------------------------------------------------------------------
+    def register_collection(self, record: CollectionRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO collections (backend, collection_id, tenant, database, name, created_by, created_at) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                (record.backend, record.collection_id, record.tenant, record.database, record.name, record.created_by, record.created_at),
+            )
+
+    def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
+        with self._conn() as db:
+            r = db.execute(
+                "SELECT * FROM collections WHERE backend = %s AND collection_id = %s AND deleted_at IS NULL", (backend, collection_id)
+            ).fetchone()
+        return None if r is None else self._collection(r)
+
+    @staticmethod
+    def _collection(r: dict[str, Any]) -> CollectionRecord:
+        return CollectionRecord(r["backend"], r["collection_id"], r["tenant"], r["database"], r["name"], r["created_by"], r["created_at"])
+
+    def list_collections(self, backend: str, tenant: str, database: str) -> list[CollectionRecord]:
+        with self._conn() as db:
+            rows = db.execute(
+                "SELECT * FROM collections WHERE backend = %s AND tenant = %s AND database = %s AND deleted_at IS NULL "
+                "ORDER BY created_at, collection_id",
+                (backend, tenant, database),
+            ).fetchall()
+        return [self._collection(r) for r in rows]
+
+    def delete_collection(self, backend: str, collection_id: str, by: str, request_id: str) -> None:
+        """Mark the collection deleted and tombstone all its rows (durable), in one transaction."""
+        t = now_us()
+        with self._tx() as db:
+            db.execute("UPDATE collections SET deleted_at = %s WHERE backend = %s AND collection_id = %s", (t, backend, collection_id))
+            db.execute(
+                "INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id, backend_deleted_at) "
+                "SELECT backend, collection_id, row_id, %s, %s, %s, %s FROM rows "
+                "WHERE backend = %s AND collection_id = %s AND status != 'pending' ON CONFLICT DO NOTHING",
+                (t, by, request_id, t, backend, collection_id),
+            )
+            db.execute("UPDATE rows SET status = 'deleted', updated_at = %s WHERE backend = %s AND collection_id = %s",
+                       (t, backend, collection_id))
+
+    # -- rows -------------------------------------------------------------------------------
+    def get_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> dict[str, Row]:
+        """Ledger rows for `row_ids` (any status, including pending and deleted)."""
+        if not row_ids:
+            return {}
+        with self._conn() as db:
+            rows = db.execute(
+                f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s)",
+                (backend, collection_id, list(dict.fromkeys(row_ids))),
+            ).fetchall()
+        return {r["row_id"]: _row_from_db(r) for r in rows}
+
+    def reserve_rows(self, rows: list[Row]) -> list[str]:
+        """Insert `rows` with status ``pending`` atomically; returns the ids that already exist (then inserts none)."""
+        if not rows:
+            return []
+        t = now_us()
+        ids = list(dict.fromkeys(r.row_id for r in rows))
+        statuses = [row.status for row in rows]
+        try:
+            with self._tx() as db:
+                for row in rows:
+                    row.status = "pending"
+                cur = db.cursor()
+                cur.executemany(
+                    f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join(['%s'] * 18)}) ON CONFLICT DO NOTHING RETURNING row_id",
+                    [_row_to_db(row, t) for row in rows], returning=True,
+                )
+                inserted: set[str] = set()
+                while True:
+                    for r in cur.fetchall():
+                        inserted.add(r["row_id"])
+                    if not cur.nextset():
+                        break
+                taken = [i for i in ids if i not in inserted]
+                if taken:
+                    raise _Rollback(taken)
+        except _Rollback as rb:
+            for row, status in zip(rows, statuses):
+                row.status = status  # as SQLite: the objects are left untouched on conflict
+            return list(rb.value)
+        return []
+
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE rows SET status = 'active' WHERE backend = %s AND collection_id = %s AND status = 'pending' AND row_id = ANY(%s)",
+                (backend, collection_id, list(row_ids)),
+            )
+
+    def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
+        """Drop write reservations (status pending) after a failed backend write."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM rows WHERE backend = %s AND collection_id = %s AND status = 'pending' AND row_id = ANY(%s)",
+                (backend, collection_id, list(row_ids)),
+            )
+
+    def update_governance(self, rows: list[Row]) -> None:
+        """Persist scope, fleet and readers of existing rows."""
+        if not rows:
+            return
+        t = now_us()
+        with self._tx() as db:
+            db.cursor().executemany(
+                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, updated_at = %s "
+                "WHERE backend = %s AND collection_id = %s AND row_id = %s",
+                [(row.scope, row.fleet, json.dumps(list(row.readers)), t, row.backend, row.collection, row.row_id) for row in rows],
+            )
+
+    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str) -> None:
+        """Durably mark rows deleted (status + tombstone) before the backend delete is attempted."""
+        if not row_ids:
+            return
+        t = now_us()
+        ids = list(dict.fromkeys(row_ids))
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) "
+                "SELECT %s, %s, u, %s, %s, %s FROM unnest(%s::text[]) AS u ON CONFLICT DO NOTHING",
+                (backend, collection_id, t, by, request_id, ids),
+            )
+            db.execute(
+                "UPDATE rows SET status = 'deleted', updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s)",
+                (t, backend, collection_id, ids),
+            )
+
+    def mark_backend_deleted(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE tombstones SET backend_deleted_at = %s WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s)",
+                (now_us(), backend, collection_id, list(row_ids)),
+            )
+
+    def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
+        """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
+        with self._conn() as db:
+            rows = db.execute(
+                "SELECT collection_id, row_id FROM tombstones WHERE backend = %s AND backend_deleted_at IS NULL "
+                "ORDER BY deleted_at, collection_id, row_id", (backend,)
+            ).fetchall()
+        return [(r["collection_id"], r["row_id"]) for r in rows]
