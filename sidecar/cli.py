@@ -131,11 +131,60 @@ def ledger_migrate(
 @app.command()
 def demo(
     workdir: Optional[Path] = typer.Option(None, help="keep state here (default: a temp dir)"),
+    probe: bool = typer.Option(True, help="also run a small probe (direct vs sidecar side by side)"),
 ) -> None:
     """Start Chroma and the sidecar, run the multi-agent scenario, print what each principal saw."""
     from sidecar.demo import run_demo
 
-    raise typer.Exit(run_demo(workdir))
+    raise typer.Exit(run_demo(workdir, probe=probe))
+
+
+probe = typer.Typer(help="governance experiments: a backend directly vs through memwarden", no_args_is_help=True)
+app.add_typer(probe, name="probe")
+
+
+@probe.command("run")
+def probe_run(
+    seed: int = typer.Option(1, help="plan seed (fleet, names, content, samples)"),
+    experiments: str = typer.Option("leakage,provenance,propagation,contradiction,forgetting", help="comma-separated"),
+    out: Path = typer.Option(Path("runs"), help="parent of the run directory"),
+    tenants: int = typer.Option(1), fleets: int = typer.Option(4), agents: int = typer.Option(6),
+    small: bool = typer.Option(False, "--small", help="small item counts (seconds, not minutes)"),
+    chroma_url: Optional[str] = typer.Option(None, help="existing Chroma (else one is started)"),
+    sidecar_url: Optional[str] = typer.Option(None, help="existing sidecar in front of chroma-url"),
+    ledger: Optional[Path] = typer.Option(None, help="that sidecar's ledger (keys are provisioned in it)"),
+) -> None:
+    """Run the experiments on Chroma directly and through the sidecar; write a run directory."""
+    from sidecar.probe.experiments import Sizes
+    from sidecar.probe.plan import Plan
+    from sidecar.probe.runner import print_table, run_embedded, run_probe
+
+    names = [e.strip() for e in experiments.split(",") if e.strip()]
+    sizes = Sizes.tiny() if small else Sizes()
+    if chroma_url or sidecar_url or ledger:
+        if not (chroma_url and sidecar_url and ledger):
+            console.print("[red]--chroma-url, --sidecar-url and --ledger go together[/red]")
+            raise typer.Exit(2)
+        from sidecar.embeddings import embed
+
+        run_dir = run_probe(Plan.build(seed, tenants, fleets, agents), names, chroma_url, sidecar_url, ledger, out, embed, sizes, console)
+    else:
+        run_dir = run_embedded(seed, names, out, sizes, console, tenants, fleets, agents)
+    print_table(run_dir, console)
+    console.print(f"run directory: {run_dir}")
+
+
+@probe.command("report")
+def probe_report(run_dir: Path = typer.Argument(..., help="a run directory with events.jsonl")) -> None:
+    """Recompute summary.csv, summary.md and plots from events.jsonl alone."""
+    from sidecar.probe.report import write_report
+    from sidecar.probe.runner import print_table
+
+    if not (run_dir / "events.jsonl").exists():
+        console.print(f"[red]{run_dir}/events.jsonl not found[/red]")
+        raise typer.Exit(2)
+    write_report(run_dir)
+    print_table(run_dir, console)
 
 
 @app.command()

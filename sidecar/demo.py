@@ -71,7 +71,7 @@ def _client(port: int, key: str, tenant: str) -> Any:
                                settings=chromadb.config.Settings(anonymized_telemetry=False))
 
 
-def run_demo(workdir: Path | None = None, console: Console | None = None) -> int:
+def run_demo(workdir: Path | None = None, console: Console | None = None, probe: bool = True) -> int:
     console = console or Console(width=None if Console().is_terminal else 150)
     tmp = tempfile.TemporaryDirectory(prefix="memwarden-demo-") if workdir is None else None
     root = Path(tmp.name) if tmp else Path(workdir)  # type: ignore[arg-type]
@@ -149,6 +149,8 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
         total = sum(len(o.expected) for o in outcomes)
         console.print(f"[green]OK[/green]: {len(outcomes)} principals, {total} authorised row views, 0 leaks, 0 misses; "
                       "cross-tenant collection probes all 404; the deleted memory is gone on get, query and count.")
+        if probe:
+            return _probe(chroma, sidecar, root, console)
         return 0
     finally:
         if sidecar:
@@ -157,6 +159,31 @@ def run_demo(workdir: Path | None = None, console: Console | None = None) -> int
             chroma.stop()
         if tmp:
             tmp.cleanup()
+
+
+def _probe(chroma: Server, sidecar: Server, root: Path, console: Console) -> int:
+    """A small `memwarden probe` (all five experiments, small counts) on the same servers; prints the
+    side-by-side table. Fails the demo if the sidecar leaks or misses anything the reference predicate
+    allows on the leakage, propagation and forgetting paths."""
+    from sidecar.embeddings import embed
+    from sidecar.probe.experiments import EXPERIMENTS, Sizes
+    from sidecar.probe.metrics import summarize
+    from sidecar.probe.plan import Plan
+    from sidecar.probe.report import read_events
+    from sidecar.probe.runner import print_table, run_probe
+
+    console.print("\n[bold]memwarden probe[/bold] (small): the same experiments against Chroma directly and through memwarden")
+    sizes = Sizes(propagation_facts=10, window_facts=3, contradiction_facts=10, chains=10, forget_rows=12, forget_deleted=4)
+    run_dir = run_probe(Plan.build(7), list(EXPERIMENTS), chroma.url, sidecar.url, root / "ledger.db", root / "runs", embed, sizes, console)
+    print_table(run_dir, console)
+    paths, _, _ = summarize(read_events(run_dir))
+    bad = [p for p in paths if p.target == "sidecar" and p.experiment in ("leakage", "propagation", "forgetting")
+           and (p.leak.k or p.miss.k)]
+    if bad:
+        console.print(f"[red]FAIL[/red]: the sidecar leaked or missed on {[(p.experiment, p.path) for p in bad]}")
+        return 1
+    console.print("Contradiction and lineage are measured, not yet governed: supersession is the next piece of work.")
+    return 0
 
 
 def _principal(tenant: str, name: str) -> Principal:
