@@ -141,13 +141,24 @@ class _Solve:
             _probe_sets(m, store)
             return "sat", dt, m, ""
         except Unsupported:
-            s.add(*cx.finite_sets_constraint(store))
+            pass
+        # A co-finite set in the model.  First try the finite set of the model's explicit
+        # members plus every mentioned term it contains; then the general finite encoding.
+        for extra in (cx.model_finite_sets(m, store), cx.finite_sets_constraint(store)):
+            s.push()
+            s.add(*extra)
             t0 = time.perf_counter()
             r = s.check()
             dt += time.perf_counter() - t0
-            if r != z3.sat:
-                return "unknown", dt, None, "counterexample needs a set the finite-set model cannot express"
-            return "sat", dt, s.model(), ""
+            if r == z3.sat:
+                m = s.model()
+                try:
+                    _probe_sets(m, store)
+                    return "sat", dt, m, ""
+                except Unsupported:
+                    pass
+            s.pop()
+        return "unknown", dt, None, "counterexample needs a set the finite-set model cannot express"
 
 
 def _probe_sets(m: z3.ModelRef, store: Store) -> None:

@@ -169,3 +169,30 @@ def readable_ids(store: Store, request: dict[str, Any], entities: list[dict[str,
     # principal first, then resource, so the names read naturally
     req = {k: walk(v) for k, v in request.items()}
     return req, walk(entities)
+
+
+def model_finite_sets(model: z3.ModelRef, store: Store) -> list[z3.BoolRef]:
+    """For each free set term: equal to the finite set of its members in ``model`` among
+    the explicit model keys and every mentioned term of the element sort."""
+    out: list[z3.BoolRef] = []
+    cands: dict[str, list[z3.ExprRef]] = {}
+    pool = [t for terms in store.reg.entities.values() for t in terms.values()] + \
+        [t for t in store.reg.longs.values()]
+    for t, _ in store.reg.sets.values():
+        srt = t.sort().domain()  # type: ignore[attr-defined]
+        v = _ev(model, t)
+        keys = []
+        while z3.is_store(v):
+            keys.append(v.arg(1))
+            v = v.arg(0)
+        elems: dict[str, z3.ExprRef] = {}
+        for k in keys + [x for x in pool if x.sort() == srt]:
+            kv = _ev(model, k)
+            if z3.is_true(_ev(model, z3.Select(t, kv))):
+                elems.setdefault(kv.sexpr(), kv)
+        arr = z3.K(srt, z3.BoolVal(False))
+        for e in elems.values():
+            arr = z3.Store(arr, e, z3.BoolVal(True))
+        out.append(t == arr)
+        cands[str(t)] = list(elems.values())
+    return out
