@@ -5,7 +5,7 @@ Exception tree (each maps to one exit status of the CLI, see ``invariants.cli``)
     PolicyCheckError
     ├── InputError                exit 2: unreadable directory, no schema, bad option
     │   ├── SchemaSyntaxError         malformed schema (file, line)
-    │   └── TestFileError             malformed policy unit-test file
+    │   └── PolicyTestFileError             malformed policy unit-test file
     ├── PolicyInvalid             exit 1: a policy does not parse or validate (file, line)
     └── Unsupported               exit 3: a construct the translator does not model
         └── SchemaUnsupported          a schema construct outside the modelled subset
@@ -17,7 +17,7 @@ result naming the policy and the construct.
 from __future__ import annotations
 
 __all__ = [
-    "PolicyCheckError", "InputError", "SchemaSyntaxError", "TestFileError",
+    "PolicyCheckError", "InputError", "SchemaSyntaxError", "PolicyTestFileError",
     "PolicyInvalid", "Unsupported", "SchemaUnsupported",
 ]
 
@@ -36,7 +36,7 @@ class SchemaSyntaxError(InputError):
         self.line, self.file = line, file
 
 
-class TestFileError(InputError):
+class PolicyTestFileError(InputError):
     pass
 
 

@@ -19,7 +19,7 @@ File format (``DIR/tests/*.json``)::
 
 Every case is evaluated with the schema (cedarpy.is_authorized), so a request or entity
 that does not conform to the schema is denied (and fails an ``allow`` case).
-Errors: ``TestFileError`` (exit 2) for a malformed file.
+Errors: ``PolicyTestFileError`` (exit 2) for a malformed file.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from .engine import Policy, authorize
-from .errors import TestFileError
+from .errors import PolicyTestFileError
 
-__all__ = ["TestCaseResult", "run_test_file", "run_test_files"]
+__all__ = ["PolicyTestResult", "run_test_file", "run_test_files"]
 
 
 @dataclass
-class TestCaseResult:
+class PolicyTestResult:
     file: str
     name: str
     passed: bool
@@ -51,7 +51,7 @@ def _case_request(case: dict[str, Any]) -> dict[str, Any]:
     return {k: case[k] for k in ("principal", "action", "resource")} | {"context": case.get("context", {})}
 
 
-def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[TestCaseResult]:
+def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[PolicyTestResult]:
     """Run one test file; returns one result per case."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -60,17 +60,17 @@ def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[
         if not isinstance(cases, list) or not isinstance(shared, list):
             raise TypeError("`cases` and `entities` must be lists")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TestFileError(f"{path}: {exc}") from exc
+        raise PolicyTestFileError(f"{path}: {exc}") from exc
     out = []
     for i, case in enumerate(cases):
         name = case.get("name", f"case {i}")
         expect = case.get("expect")
         if expect not in ("allow", "deny") or not all(k in case for k in ("principal", "action", "resource")):
-            raise TestFileError(f"{path}: {name}: needs principal, action, resource and expect allow|deny")
+            raise PolicyTestFileError(f"{path}: {name}: needs principal, action, resource and expect allow|deny")
         try:
             res = authorize(_case_request(case), policies, shared + case.get("entities", []), schema_text)
         except (ValueError, TypeError) as exc:
-            out.append(TestCaseResult(str(path), name, expect == "deny", expect, "deny", [], [str(exc)],
+            out.append(PolicyTestResult(str(path), name, expect == "deny", expect, "deny", [], [str(exc)],
                                       f"Cedar rejected the request: {exc}"))
             continue
         actual = "allow" if res.allow else "deny"
@@ -81,9 +81,9 @@ def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[
         want = case.get("reasons")
         if ok and want is not None and sorted(want) != sorted(res.reasons):
             ok, msg = False, f"expected reasons {sorted(want)}, got {sorted(res.reasons)}"
-        out.append(TestCaseResult(str(path), name, ok, expect, actual, sorted(res.reasons), sorted(res.errors), msg))
+        out.append(PolicyTestResult(str(path), name, ok, expect, actual, sorted(res.reasons), sorted(res.errors), msg))
     return out
 
 
-def run_test_files(paths: list[Path], policies: list[Policy], schema_text: str) -> list[TestCaseResult]:
+def run_test_files(paths: list[Path], policies: list[Policy], schema_text: str) -> list[PolicyTestResult]:
     return [r for p in paths for r in run_test_file(p, policies, schema_text)]

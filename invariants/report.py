@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .catalog import CheckResult
-from .policytests import TestCaseResult
+from .policytests import PolicyTestResult
 
 __all__ = ["Report", "exit_code", "render"]
 
@@ -30,7 +30,7 @@ STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANG
 class Report:
     target: str
     results: list[CheckResult] = field(default_factory=list)
-    tests: list[TestCaseResult] = field(default_factory=list)
+    tests: list[PolicyTestResult] = field(default_factory=list)
     saved: dict[tuple[str, str], str] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
