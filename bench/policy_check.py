@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = REPO / "policies"
@@ -78,7 +79,7 @@ def make_large(root: Path, n: int, seed: int = 4) -> Path:
     return d
 
 
-def run(target: Path, out: Path) -> tuple[float, dict]:
+def run(target: Path, out: Path) -> tuple[float, dict[str, Any]]:
     t0 = time.perf_counter()
     p = subprocess.run([str(EXE), str(target), "--format", "json", "--counterexamples", str(out)],
                        capture_output=True, text=True)
@@ -89,7 +90,7 @@ def run(target: Path, out: Path) -> tuple[float, dict]:
     return wall, json.loads(p.stdout)
 
 
-def report(name: str, walls: list[float], rep: dict, goal: float) -> None:
+def report(name: str, walls: list[float], rep: dict[str, Any], goal: float) -> None:
     per: dict[str, float] = {}
     for r in rep["results"]:
         per[r["invariant"]] = per.get(r["invariant"], 0.0) + r["solver_seconds"]
@@ -109,7 +110,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        walls, rep = [], {}
+        walls: list[float] = []
+        rep: dict[str, Any] = {}
         for _ in range(args.repeat):
             w, rep = run(POLICIES, root / "cex")
             walls.append(w)

@@ -317,7 +317,9 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
                 per.setdefault((iid, action), []).append(r)
     results: list[CheckResult] = []
     by_id = {i.id: i for i in invs}
-    for (iid, action), parts in per.items():
+    order = {i.id: n for n, i in enumerate(invs)}
+    acts = schema.applicable_actions()
+    for (iid, action), parts in sorted(per.items(), key=lambda kv: (order[kv[0][0]], acts.index(kv[0][1]))):
         results.append(_merge(by_id[iid], action, parts))
     covered = {a for i in invs if i.kind in ("bound", "monotone", "unconstrained")
                for a in actions_of(schema, i.policy.ast.action)

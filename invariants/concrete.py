@@ -36,7 +36,7 @@ def _lit(ty: CedarType, v: Any) -> z3.ExprRef:
         return z3.StringVal(v["__entity"]["id"])
     if isinstance(ty, TSet):
         from .translate import sort_of
-        arr = z3.K(sort_of(ty).domain(), z3.BoolVal(False))  # type: ignore[attr-defined]
+        arr = z3.K(sort_of(ty).domain(), z3.BoolVal(False))
         for x in v:
             arr = z3.Store(arr, _lit(ty.elem, x), z3.BoolVal(True))
         return arr
@@ -88,7 +88,7 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
     for typ, terms in reg.entities.items():  # entity literals of the policies
         for t in terms.values():
             if z3.is_string_value(t):
-                ids.add((typ, t.as_string()))  # type: ignore[attr-defined]
+                ids.add((typ, t.as_string()))
     ids.add((request["principal"]["type"], request["principal"]["id"]))
     ids.add((request["resource"]["type"], request["resource"]["id"]))
 
@@ -146,7 +146,7 @@ def _decide(s: z3.Solver, m: z3.ModelRef, term: z3.BoolRef) -> bool:
     (``subset``, ``map``) unreduced, so fall back to asking the solver both ways."""
     v = m.eval(term, model_completion=True)
     if z3.is_true(v) or z3.is_false(v):
-        return z3.is_true(v)
+        return bool(z3.is_true(v))
     answers = []
     for t in (term, z3.Not(term)):
         s.push()
@@ -155,4 +155,4 @@ def _decide(s: z3.Solver, m: z3.ModelRef, term: z3.BoolRef) -> bool:
         s.pop()
     if answers.count(z3.sat) != 1:
         raise AssertionError(f"pinned store does not determine {term}: {answers}")
-    return answers[0] == z3.sat
+    return bool(answers[0] == z3.sat)

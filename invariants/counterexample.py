@@ -60,11 +60,11 @@ def _scalar(model: z3.ModelRef, ty: CedarType, t: z3.ExprRef) -> Any:
     if isinstance(ty, TBool):
         return z3.is_true(v)
     if isinstance(ty, TLong):
-        return v.as_long()  # type: ignore[attr-defined]
+        return v.as_long()
     if isinstance(ty, TString):
-        return v.as_string()  # type: ignore[attr-defined]
+        return v.as_string()
     if isinstance(ty, TEntity):
-        return {"__entity": {"type": ty.name, "id": v.as_string()}}  # type: ignore[attr-defined]
+        return {"__entity": {"type": ty.name, "id": v.as_string()}}
     raise Unsupported(f"value of type {ty}")
 
 
@@ -80,9 +80,9 @@ def value_json(model: z3.ModelRef, v: Val) -> Any:
 def request_json(model: z3.ModelRef, req: Request) -> dict[str, Any]:
     """{"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}."""
     return {
-        "principal": {"type": req.ptype, "id": _ev(model, req.p).as_string()},  # type: ignore[attr-defined]
+        "principal": {"type": req.ptype, "id": _ev(model, req.p).as_string()},
         "action": {"type": "Action", "id": req.action},
-        "resource": {"type": req.rtype, "id": _ev(model, req.r).as_string()},  # type: ignore[attr-defined]
+        "resource": {"type": req.rtype, "id": _ev(model, req.r).as_string()},
         "context": value_json(model, req.ctx),
     }
 
@@ -93,7 +93,7 @@ def entities_json(model: z3.ModelRef, schema: Schema, store: Store) -> list[dict
     for typ, terms in store.reg.entities.items():
         for t in terms.values():
             v = _ev(model, t)
-            ids.setdefault(typ, {}).setdefault(v.as_string(), v)  # type: ignore[attr-defined]
+            ids.setdefault(typ, {}).setdefault(v.as_string(), v)
     out: list[dict[str, Any]] = []
     for typ in sorted(ids):
         decl = schema.entities.get(typ)
@@ -123,7 +123,7 @@ def finite_sets_constraint(store: Store, extra: int = 4) -> list[z3.BoolRef]:
     n_entities = sum(len(v) for v in store.reg.entities.values())
     for i, (t, ty) in enumerate(store.reg.sets.values()):
         assert isinstance(ty, TSet)
-        srt = t.sort().domain()  # type: ignore[attr-defined]
+        srt = t.sort().domain()
         arr = z3.K(srt, z3.BoolVal(False))
         for j in range(n_entities + len(store.reg.sets) + extra):
             arr = z3.Store(arr, z3.FreshConst(srt, f"elem{i}_{j}"), z3.FreshBool(f"in{i}_{j}"))
@@ -141,7 +141,7 @@ def readable_ids(store: Store, request: dict[str, Any], entities: list[dict[str,
     for typ, terms in store.reg.entities.items():
         for t in terms.values():
             if z3.is_string_value(t):
-                reserved.add((typ, t.as_string()))  # type: ignore[attr-defined]
+                reserved.add((typ, t.as_string()))
     mapping: dict[tuple[str, str], str] = {}
     counters: dict[str, int] = {}
 
@@ -177,9 +177,9 @@ def model_finite_sets(model: z3.ModelRef, store: Store) -> list[z3.BoolRef]:
     out: list[z3.BoolRef] = []
     cands: dict[str, list[z3.ExprRef]] = {}
     pool = [t for terms in store.reg.entities.values() for t in terms.values()] + \
-        [t for t in store.reg.longs.values()]
+        list(store.reg.elems.values())
     for t, _ in store.reg.sets.values():
-        srt = t.sort().domain()  # type: ignore[attr-defined]
+        srt = t.sort().domain()
         v = _ev(model, t)
         keys = []
         while z3.is_store(v):

@@ -122,9 +122,9 @@ def validate(policies: list[Policy], schema_text: str, what: str = "policy") -> 
             raise PolicyInvalid([("schema", 0, "-", f"schema rejected by Cedar: {exc}")]) from exc
         for err in res.errors:
             m = re.fullmatch(r"policy(\d+)", err.policy_id or "")
-            p = policies[int(m.group(1))] if m and int(m.group(1)) < len(policies) else None
+            pol = policies[int(m.group(1))] if m and int(m.group(1)) < len(policies) else None
             msg = re.sub(r"^for policy `policy\d+`, ", "", err.error)
-            problems.append((p.file if p else "?", p.line if p else 0, p.id if p else err.policy_id, msg))
+            problems.append((pol.file if pol else "?", pol.line if pol else 0, pol.id if pol else err.policy_id, msg))
     if problems:
         raise PolicyInvalid(problems)
 

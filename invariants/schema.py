@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from .errors import SchemaSyntaxError, SchemaUnsupported
 
@@ -198,7 +198,7 @@ class _Parser:
     def name(self) -> str:
         kind, v, line = self.next()
         if kind == "str":
-            return json.loads(v)
+            return str(json.loads(v))
         if kind != "ident":
             raise SchemaSyntaxError(f"expected a name, found {v!r}", line)
         return v
@@ -259,9 +259,9 @@ class _Parser:
         self.next()
         return ("record", fields)
 
-    def parse(self) -> tuple[list[tuple], list[tuple]]:
-        ents: list[tuple] = []
-        acts: list[tuple] = []
+    def parse(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        ents: list[tuple[Any, ...]] = []
+        acts: list[tuple[Any, ...]] = []
         while self.peek() is not None:
             self.skip_annotations()
             kind, kw, line = self.next()
@@ -390,13 +390,13 @@ def _parse_human(text: str) -> Schema:
         if not isinstance(ctx, TRecord):
             raise SchemaSyntaxError(f"context of action {n!r} is not a record", 0)
         schema.actions[n] = ActionDecl(
-            n, tuple(applies.get("principal", ())), tuple(applies.get("resource", ())),  # type: ignore[arg-type]
+            n, tuple(applies.get("principal", ())), tuple(applies.get("resource", ())),
             ctx, tuple(parents))
     return schema
 
 
 # ---------------------------------------------------------------- JSON format
-def _json_type(t: dict, common: dict, names: set[str]) -> CedarType:
+def _json_type(t: dict[str, Any], common: dict[str, Any], names: set[str]) -> CedarType:
     kind = t.get("type")
     if kind in ("Record",):
         return TRecord(tuple((n, Attr(_json_type(a, common, names), a.get("required", True)))

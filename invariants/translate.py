@@ -86,6 +86,7 @@ class Registry:
     entities: dict[str, dict[int, z3.ExprRef]] = field(default_factory=dict)
     longs: dict[int, z3.ArithRef] = field(default_factory=dict)
     sets: dict[int, tuple[z3.ExprRef, CedarType]] = field(default_factory=dict)
+    elems: dict[int, z3.ExprRef] = field(default_factory=dict)  # scalars that may be set members
 
     def entity(self, typ: str, t: z3.ExprRef) -> None:
         if typ != ACTION:
@@ -151,10 +152,12 @@ class Store:
 
 
 def register(reg: Registry, ty: CedarType, t: z3.ExprRef) -> None:
+    if isinstance(ty, (TString, TLong, TEntity)):
+        reg.elems[t.get_id()] = t
     if isinstance(ty, TEntity):
         reg.entity(ty.name, t)
     elif isinstance(ty, TLong):
-        reg.longs[t.get_id()] = t  # type: ignore[assignment]
+        reg.longs[t.get_id()] = t
     elif isinstance(ty, TSet):
         reg.sets[t.get_id()] = (t, ty)
 
@@ -204,11 +207,11 @@ F, T = z3.BoolVal(False), z3.BoolVal(True)
 
 
 def _static_false(b: z3.BoolRef) -> bool:
-    return z3.is_false(b) or z3.is_false(z3.simplify(b))
+    return bool(z3.is_false(b) or z3.is_false(z3.simplify(b)))
 
 
 def _static_true(b: z3.BoolRef) -> bool:
-    return z3.is_true(b) or z3.is_true(z3.simplify(b))
+    return bool(z3.is_true(b) or z3.is_true(z3.simplify(b)))
 
 
 class Translator:
@@ -559,6 +562,8 @@ class Translator:
         arr = z3.K(srt.domain(), F)
         for v in vals:
             arr = z3.Store(arr, v.term, T)
+            if not isinstance(v.ty, (TSet, TRecord)):
+                self.store.reg.elems[v.term.get_id()] = v.term
         return Val(TSet(ty), arr, vals), _seq_err(errs)
 
 

@@ -43,3 +43,21 @@ def test_cofinite_set_in_model_still_gives_a_counterexample() -> None:
     results = check_invariants(SCHEMA_MODEL, SCHEMA_TEXT, parse_text(text, "x").policies, INVARIANTS, 5)
     assert {r.status for r in results} <= {"PROVED", "VIOLATED"}
     assert any(r.status == "VIOLATED" and r.invariant == "never-errors" for r in results)
+
+
+def test_cofinite_set_needing_literal_members() -> None:
+    # The owner's roles must meet ["active", "restricted"]; the model gave a co-finite
+    # set and the candidate members did not include set-literal elements: UNKNOWN.
+    from invariants.catalog import check_invariants
+    from invariants.engine import parse_text
+
+    from .test_symbolic_replay import INVARIANTS, SCHEMA_MODEL, SCHEMA_TEXT
+
+    text = ('@id("p0")\npermit (principal is TenantAdmin in TenantAdmin::"t1/admin/k1", action == '
+            'Action::"delete", resource is Memory)\nunless { (if (!((resource.owner.trust != '
+            'resource.owner.trust) && true)) then (!("restricted" like "*")) else ((!true) && (true || '
+            '(resource.status like "")))) }\nunless { ((resource.owner in Fleet::"t2/f1") || '
+            '(!["active", "restricted"].containsAny(resource.owner.roles))) };')
+    results = check_invariants(SCHEMA_MODEL, SCHEMA_TEXT, parse_text(text, "x").policies, INVARIANTS, 5)
+    assert {r.status for r in results} <= {"PROVED", "VIOLATED"}
+    assert any(r.status == "VIOLATED" and r.invariant == "tenant-isolation" for r in results)
