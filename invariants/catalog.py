@@ -218,6 +218,10 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
                 out[iid] = _counterexample(schema, schema_text, policies, by_id[iid], q, extra, model, dt)
             except Unsupported as exc:
                 out[iid] = _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
+            except ValueError as exc:
+                # Cedar rejected the written-out counterexample (e.g. a value outside Cedar's
+                # ranges): the model admitted an input Cedar does not — a translator bug.
+                out[iid] = _EnvCheck("DISAGREE", dt, f"Cedar rejected the model's counterexample: {exc}")
     return out
 
 
