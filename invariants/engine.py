@@ -55,9 +55,9 @@ def _statements(text: str) -> list[tuple[int, str]]:
             if start is None:
                 start = m.start()
                 start_line = line + text[m.start():m.start() + len(tok) - len(tok.lstrip())].count("\n")
-            if tok in "{([":
+            if tok in ("{", "(", "["):
                 depth += 1
-            elif tok in "})]":
+            elif tok in ("}", ")", "]"):
                 depth -= 1
             elif tok == ";" and depth == 0:
                 out.append((start_line, text[start:m.end()]))
