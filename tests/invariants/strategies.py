@@ -141,7 +141,7 @@ class ExprGen:
 
     def _atom(self, depth: int) -> str:
         d = self.draw
-        k = d(st.integers(0, 9))
+        k = d(st.integers(0, 13))
         if k == 0:
             op = d(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]))
             return f"({self.of(TLong(), depth)} {op} {self.of(TLong(), depth)})"
@@ -180,8 +180,33 @@ class ExprGen:
                 u = d(st.sampled_from(sorted(IDS)))
                 return f"({e} is {t} in {_literal(TEntity(u), d)})"
             return f"({e} is {t})"
-        elem = d(st.sampled_from([TString(), TEntity("Agent")]))
-        return f"{self.of(TSet(elem), depth)}.isEmpty()"
+        if k == 9:
+            elem = d(st.sampled_from([TString(), TEntity("Agent")]))
+            return f"{self.of(TSet(elem), depth)}.isEmpty()"
+        if k == 10:  # records: literals, equality, attribute access, has
+            a, b = self.of(TLong(), depth), self.of(TString(), depth)
+            c, e = self.of(TLong(), depth), self.of(TString(), depth)
+            form = d(st.integers(0, 3))
+            if form == 0:
+                return f"({{n: {a}, s: {b}}} == {{n: {c}, s: {e}}})"
+            if form == 1:
+                return f"({{n: {a}, s: {b}}} != {{s: {e}, n: {c}}})"
+            if form == 2:
+                return f"({{n: {a}, s: {b}}}.n == {c})"
+            return f"({{n: {a}, s: {b}}} has s)"
+        if k == 11:  # action in conditions
+            acts = d(st.lists(st.sampled_from(self.schema.applicable_actions()), min_size=1, max_size=3))
+            if len(acts) == 1:
+                return f'(action == Action::"{acts[0]}")'
+            return "(action in [" + ", ".join(f'Action::"{a}"' for a in acts) + "])"
+        if k == 12:  # `in` a non-literal set of entities (no ancestry between them)
+            if self.env.rtype == "Memory":
+                return f"({self.of(TEntity('Agent'), depth)} in resource.readers)"
+            return f"({self.of(TEntity('Agent'), depth)} in {_literal(TSet(TEntity('Agent')), d)})"
+        cands = [e for e, t, g in self.paths if e.startswith("context") and g is None]
+        if cands and self.env.action == "redistribute":
+            return f"(context has {d(st.sampled_from(['target_fleet', 'target_scope', 'nope']))})"
+        return f"(resource has {d(st.sampled_from(['tenant', 'subject', 'nope']))})"
 
 
 @st.composite
