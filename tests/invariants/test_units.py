@@ -115,3 +115,55 @@ def test_hierarchy_is_transitive_in_counterexamples() -> None:
     r = _check(pols, inv)[("never", "read")]
     assert r.status == "VIOLATED"  # type: ignore[attr-defined]
     assert r.counterexample["cedar"]["decision"] == "allow"  # type: ignore[attr-defined]
+
+
+GROUPS_SCHEMA = {"": {
+    "entityTypes": {
+        "User": {"memberOfTypes": ["Team"], "shape": {"type": "Record", "attributes": {
+            "profile": {"type": "Record", "attributes": {
+                "level": {"type": "Long"}, "nick": {"type": "String", "required": False}}},
+            "team": {"type": "Entity", "name": "Team"}}}},
+        "Team": {},
+        "Doc": {"shape": {"type": "Record", "attributes": {"owner": {"type": "Entity", "name": "User"}}}}},
+    "actions": {
+        "readish": {},
+        "view": {"memberOf": [{"id": "readish"}], "appliesTo": {
+            "principalTypes": ["User"], "resourceTypes": ["Doc"],
+            "context": {"type": "Record", "attributes": {"reason": {"type": "String", "required": False}}}}},
+        "edit": {"appliesTo": {"principalTypes": ["User"], "resourceTypes": ["Doc"]}}}}}
+
+
+def test_records_optional_context_and_action_groups_replay() -> None:
+    text = json.dumps(GROUPS_SCHEMA)
+    schema = parse_schema(text)
+    pols = parse_text(
+        '@id("p") permit (principal, action in Action::"readish", resource)\n'
+        'when { principal.profile.level >= 2 && principal.profile has nick && '
+        'context has reason && context.reason like "audit*" };\n'
+        '@id("e") permit (principal, action == Action::"edit", resource) when { resource.owner == principal };',
+        "p.cedar").policies
+    invs = load_invariants(parse_text(
+        '@id("level-3") permit (principal, action in Action::"readish", resource) '
+        'when { principal.profile.level >= 3 };\n'
+        '@id("owners") permit (principal, action == Action::"edit", resource) when { resource.owner == principal };\n'
+        '@id("ne") @kind("never-errors") permit (principal, action, resource);', "i.cedar").policies)
+    res = {(r.invariant, r.action): r for r in check_invariants(schema, text, pols, invs, 10)}
+    r = res[("level-3", "view")]
+    assert r.status == "VIOLATED", r
+    cex = r.counterexample
+    assert cex is not None
+    user = next(e for e in cex["entities"] if e["uid"] == cex["request"]["principal"])
+    assert user["attrs"]["profile"]["level"] == 2 and "nick" in user["attrs"]["profile"]
+    assert cex["request"]["context"]["reason"].startswith("audit")
+    assert res[("owners", "edit")].status == "PROVED"
+    assert res[("ne", "view")].status == "PROVED"
+
+
+def test_unsupported_schema_is_unknown_exit_3(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from invariants.cli import app
+
+    (tmp_path / "s.cedarschema").write_text("namespace App { entity U; }")
+    (tmp_path / "p.cedar").write_text("permit (principal, action, resource);")
+    assert CliRunner().invoke(app, [str(tmp_path)]).exit_code == 3
