@@ -7,12 +7,14 @@ schema does not load.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -20,7 +22,10 @@ from sidecar import decisionlog
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.config import Settings
 from sidecar.ledger import Ledger, ledger_from_settings
+from sidecar.metrics import (CONTENT_TYPE_LATEST, InstrumentedLedger, Metrics, instrument_reconciler,
+                              instrument_upstream)
 from sidecar.pipeline import Pipeline
+from sidecar.policy_reload import PolicyHandle
 from sidecar.policy import PolicyEngine
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
@@ -34,23 +39,33 @@ class Services:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None,
                  ledger: Ledger | None = None) -> None:
         self.settings = settings
-        self.engine = PolicyEngine.load(settings.policies_dir)
-        self.ledger = ledger or ledger_from_settings(settings)
+        self.metrics = Metrics()
+        self.policy = PolicyHandle(settings.policies_dir, self.metrics, shadow=settings.shadow_mode,
+                                   check=settings.policy_reload_check, check_timeout_s=settings.policy_check_timeout_s)
+        self.engine = self.policy.engine  # the set loaded at start; self.policy holds the one in force
+        raw_ledger = ledger or ledger_from_settings(settings)
+        if hasattr(raw_ledger, "pool_stats"):
+            self.metrics.watch_pool(raw_ledger.pool_stats)
+        self.ledger: Ledger = InstrumentedLedger(raw_ledger, self.metrics)  # type: ignore[assignment]
         self.upstream = Upstream(
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,
             token=settings.backend_token, transport=transport,
         )
-        self.authz = Authorizer(self.engine, self.ledger)
+        instrument_upstream(self.upstream, self.metrics)
+        self.authz = Authorizer(self.policy, self.ledger)  # type: ignore[arg-type]
         self.profile = ChromaProfile(settings, self.upstream, self.ledger, self.authz)
         self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes)
+        instrument_reconciler(self.profile, self.ledger, self.metrics)
 
 
 def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None,
                ledger: Ledger | None = None) -> FastAPI:
     """Build the sidecar app. Raises `PolicyLoadError` if policies/schema do not load."""
     settings = settings or Settings()
-    decisionlog.configure(settings.log_level)
+    decisionlog.configure(settings.log_level, settings.decision_log_sink, settings.decision_log_path,
+                          settings.decision_log_max_bytes, settings.decision_log_backups,
+                          tuple(f.strip() for f in settings.decision_log_mask.split(",") if f.strip()))
     services = Services(settings, transport, ledger)
 
     @asynccontextmanager
@@ -59,7 +74,10 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             await services.profile.reconcile()
         except Exception:  # backend down at start: tombstones stay pending, rows stay hidden
             decisionlog.structlog.get_logger("memwarden").warning("reconcile_failed")
+        tasks = _start_policy_reload(services)
         yield
+        for task in tasks:
+            task.cancel()
         await services.upstream.close()
 
     app = FastAPI(title="memwarden", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -81,10 +99,20 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             checks["backend"] = True
         except Exception:
             checks["backend"] = False
+        checks["policies"] = services.policy.engine is not None
         ready = all(checks.values())
-        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        services.metrics.ready.set(1 if ready else 0)
+        body: dict[str, object] = {"ready": ready, "checks": checks, "policy": services.policy.status(),
+                                   "mode": "shadow" if services.policy.shadow else "enforce"}
+        if services.policy.shadow:
+            body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
+        return JSONResponse(body, status_code=200 if ready else 503)
 
-    app.add_middleware(PipelineMiddleware, pipeline=services.pipeline)
+    @app.get("/_memwarden/metrics")
+    async def metrics() -> Response:
+        return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics)
     return app
 
 
@@ -93,9 +121,10 @@ class PipelineMiddleware:
     through the pipeline — before any framework routing, so no path form (newlines, unmatched
     characters, any method) can be answered by anything but the pipeline."""
 
-    def __init__(self, app: ASGIApp, pipeline: Pipeline) -> None:
+    def __init__(self, app: ASGIApp, pipeline: Pipeline, metrics: Metrics | None = None) -> None:
         self.app = app
         self.pipeline = pipeline
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") or scope.get("path", "").encode("latin-1", "replace")
@@ -103,9 +132,31 @@ class PipelineMiddleware:
             await self.app(scope, receive, send)
             return
         status, body, ex = await self.pipeline.run(dict(scope), receive)
+        if self.metrics is not None:
+            try:
+                self.metrics.observe_exchange(ex, status)
+            except Exception:  # metrics never change the answer already decided
+                pass
         payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
             (b"x-request-id", ex.request_id.encode()),
         ]})
         await send({"type": "http.response.body", "body": payload})
+
+
+def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:
+    """Hot reload: SIGHUP (where the loop allows signal handlers) and, unless the interval is 0, a watcher."""
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []
+
+    def on_sighup() -> None:
+        tasks.append(loop.create_task(asyncio.to_thread(services.policy.reload)))  # type: ignore[arg-type]
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        pass
+    if services.settings.policy_watch_interval_s > 0:
+        tasks.append(loop.create_task(services.policy.watch(services.settings.policy_watch_interval_s)))
+    return tasks

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, HttpUrl
+from pydantic import Field, HttpUrl, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -46,3 +46,24 @@ class Settings(BaseSettings):
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
     log_level: str = "INFO"
+    # -- operator features (probes, metrics, reload, shadow mode, decision-log sinks) ------------
+    policy_watch_interval_s: float = Field(
+        default=2.0, ge=0, description="seconds between checks of policies_dir for changes; 0 = no watching (SIGHUP still reloads)")
+    policy_reload_check: bool = Field(
+        default=True, description="a reloaded policy set must pass policy-check (invariants + policy tests) before it is applied")
+    policy_check_timeout_s: float = Field(default=120.0, gt=0, description="seconds policy-check may take on a reload")
+    shadow_mode: bool = Field(default=False, description="dry run: log Cedar denials but forward as if allowed")
+    shadow_mode_confirm: str = Field(default="", description="must be 'decisions-are-not-enforced' when shadow_mode is on")
+    decision_log_sink: Literal["stdout", "file"] = Field(default="stdout", description="where JSON log lines go")
+    decision_log_path: Path = Field(default=Path(".memwarden/decisions.jsonl"), description="file sink path")
+    decision_log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0, description="file sink: rotate above this size, bytes")
+    decision_log_backups: int = Field(default=5, ge=0, description="file sink: rotated files kept")
+    decision_log_mask: str = Field(
+        default="", description="comma-separated log fields whose values are replaced by a keyed hash (e.g. principal,row_ids)")
+
+    @model_validator(mode="after")
+    def _shadow_is_explicit(self) -> "Settings":
+        if self.shadow_mode and self.shadow_mode_confirm != "decisions-are-not-enforced":
+            raise ValueError("MEMWARDEN_SHADOW_MODE=true is refused unless "
+                             "MEMWARDEN_SHADOW_MODE_CONFIRM=decisions-are-not-enforced")
+        return self

@@ -8,16 +8,19 @@ Memory content, query text and keys are never logged.
 from __future__ import annotations
 
 import logging
-import sys
+from pathlib import Path
 
 import structlog
 
+from sidecar import logsinks
 from sidecar.exchange import Exchange
 
 _configured = False
 
 
-def configure(level: str = "INFO") -> None:
+def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
+              max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = ()) -> None:
+    """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields."""
     global _configured
     if _configured:
         return
@@ -25,10 +28,11 @@ def configure(level: str = "INFO") -> None:
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *([logsinks.MaskFields(mask)] if mask else []),
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping().get(level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=logsinks.logger_factory(sink, path, max_bytes, backups),
         cache_logger_on_first_use=True,
     )
     _configured = True

@@ -1,0 +1,201 @@
+"""Prometheus metrics (prometheus-client) for ``/_memwarden/metrics``, one registry per app.
+
+Series (all prefixed ``memwarden_``; durations in seconds):
+
+- ``requests_total{operation,action,decision,status}`` — one per request, as in the decision log
+- ``rows_total{result}`` — rows returned (``allowed``) and dropped by the filter stage (``filtered``)
+- ``request_duration_seconds`` — whole pipeline, per request
+- ``cedar_decisions_total{action,decision}`` — every Cedar answer (request- and row-level)
+- ``cedar_batch_duration_seconds`` / ``cedar_batch_size`` — one observation per PDP call
+- ``backend_request_duration_seconds{method,outcome}`` — each backend call (outcome ok/error)
+- ``ledger_call_duration_seconds{method}`` / ``ledger_errors_total{method}`` — each ledger call
+- ``ledger_pool_connections{state}`` — PostgreSQL pool (size/available/waiting), at scrape time
+- ``reconciler_runs_total{result}``, ``reconciler_pending_tombstones``,
+  ``reconciler_last_run_timestamp_seconds``, ``reconciler_last_success_timestamp_seconds``
+- ``policy_reloads_total{result}`` (ok, invalid, invariant_violation, unchanged),
+  ``policy_last_reload_success`` (1/0), ``policy_set_info{sha256}``
+- ``shadow_mode`` (1 when decisions are not enforced), ``shadow_would_deny_total{action}``
+- ``ready`` — 1 when the last readyz answered 200
+
+Foreign exceptions are not swallowed by the wrappers: they are counted and re-raised, so the
+pipeline's outer guard still denies (fail closed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from functools import wraps
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "InstrumentedLedger", "Metrics", "instrument_upstream"]
+
+_FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_SLOW = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The sidecar's metric families on a private `CollectorRegistry` (several apps per process in tests)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("memwarden_requests", "Requests by operation, action, decision and HTTP status",
+                                ["operation", "action", "decision", "status"], registry=r)
+        self.rows = Counter("memwarden_rows", "Rows returned (allowed) and dropped by the filter stage (filtered)",
+                            ["result"], registry=r)
+        self.request_duration = Histogram("memwarden_request_duration_seconds", "Whole-pipeline latency per request",
+                                          buckets=_SLOW, registry=r)
+        self.cedar_decisions = Counter("memwarden_cedar_decisions", "Cedar answers by action and decision",
+                                       ["action", "decision"], registry=r)
+        self.cedar_batch = Histogram("memwarden_cedar_batch_duration_seconds", "Latency of one PDP call (a batch)",
+                                     buckets=_FAST, registry=r)
+        self.cedar_batch_size = Histogram("memwarden_cedar_batch_size", "Cedar requests per PDP call",
+                                          buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.backend = Histogram("memwarden_backend_request_duration_seconds", "Latency of one backend call",
+                                 ["method", "outcome"], buckets=_SLOW, registry=r)
+        self.ledger = Histogram("memwarden_ledger_call_duration_seconds", "Latency of one ledger call (one transaction)",
+                                ["method"], buckets=_FAST, registry=r)
+        self.ledger_errors = Counter("memwarden_ledger_errors", "Ledger calls that raised", ["method"], registry=r)
+        self.ledger_pool = Gauge("memwarden_ledger_pool_connections", "PostgreSQL pool connections by state",
+                                 ["state"], registry=r)
+        self.reconciler_runs = Counter("memwarden_reconciler_runs", "Reconciler runs by result", ["result"], registry=r)
+        self.reconciler_pending = Gauge("memwarden_reconciler_pending_tombstones",
+                                        "Tombstones whose backend delete is not confirmed (at the last run)", registry=r)
+        self.reconciler_last_run = Gauge("memwarden_reconciler_last_run_timestamp_seconds", "Unix time of the last run",
+                                         registry=r)
+        self.reconciler_last_success = Gauge("memwarden_reconciler_last_success_timestamp_seconds",
+                                             "Unix time of the last successful run", registry=r)
+        self.policy_reloads = Counter("memwarden_policy_reloads", "Policy reload attempts by result", ["result"], registry=r)
+        self.policy_last_reload_ok = Gauge("memwarden_policy_last_reload_success",
+                                           "1 if the last reload attempt was applied (or nothing changed), 0 if rejected",
+                                           registry=r)
+        self.policy_set = Gauge("memwarden_policy_set_info", "The policy set in force (value 1)", ["sha256"], registry=r)
+        self.shadow_mode = Gauge("memwarden_shadow_mode", "1 when Cedar decisions are logged but NOT enforced", registry=r)
+        self.shadow_would_deny = Counter("memwarden_shadow_would_deny", "Denials not enforced because of shadow mode",
+                                         ["action"], registry=r)
+        self.ready = Gauge("memwarden_ready", "1 when the last readiness check passed", registry=r)
+        self.policy_last_reload_ok.set(1)
+        self._pool_source: Callable[[], dict[str, int]] | None = None
+
+    # -- observations -----------------------------------------------------------------------
+    def observe_exchange(self, ex: Any, status: int) -> None:
+        """Count one finished request (an `Exchange`) and its rows."""
+        self.requests.labels(ex.operation, ex.action or "none", ex.decision, str(status)).inc()
+        if ex.rows_allowed:
+            self.rows.labels("allowed").inc(ex.rows_allowed)
+        if ex.rows_denied:
+            self.rows.labels("filtered").inc(ex.rows_denied)
+        self.request_duration.observe(ex.elapsed_us() / 1e6)
+
+    def observe_cedar(self, actions: list[str], allowed: list[bool], seconds: float) -> None:
+        self.cedar_batch.observe(seconds)
+        self.cedar_batch_size.observe(len(actions))
+        for (action, ok), n in Tally(zip(actions, allowed)).items():
+            self.cedar_decisions.labels(action, "allow" if ok else "deny").inc(n)
+
+    def set_policy_set(self, sha256: str) -> None:
+        self.policy_set.clear()
+        self.policy_set.labels(sha256).set(1)
+
+    def watch_pool(self, source: Callable[[], dict[str, int]]) -> None:
+        """Read PostgreSQL pool statistics from `source` at every scrape."""
+        self._pool_source = source
+
+    def render(self) -> bytes:
+        """The exposition text (Prometheus text format 0.0.4)."""
+        if self._pool_source is not None:
+            try:
+                stats = self._pool_source()
+                self.ledger_pool.labels("size").set(stats.get("pool_size", 0))
+                self.ledger_pool.labels("available").set(stats.get("pool_available", 0))
+                self.ledger_pool.labels("waiting").set(stats.get("requests_waiting", 0))
+            except Exception:
+                pass
+        return generate_latest(self.registry)
+
+
+class InstrumentedLedger:
+    """A `Ledger` that times every method call into `metrics` and otherwise delegates unchanged."""
+
+    def __init__(self, inner: Any, metrics: Metrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._wrapped: dict[str, Callable[..., Any]] = {}
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+        cached = self._wrapped.get(name)
+        if cached is not None:
+            return cached
+        histogram = self._metrics.ledger.labels(name)
+        errors = self._metrics.ledger_errors
+
+        @wraps(attr)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            except Exception:
+                errors.labels(name).inc()
+                raise
+            finally:
+                histogram.observe(time.perf_counter() - t0)
+
+        self._wrapped[name] = timed
+        return timed
+
+
+def instrument_upstream(upstream: Any, metrics: Metrics) -> None:
+    """Time every `upstream.call` (the backend client) into ``backend_request_duration_seconds``."""
+    call = upstream.call
+
+    @wraps(call)
+    async def timed(method: str, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        outcome = "error"
+        try:
+            result = await call(method, *args, **kwargs)
+            outcome = "ok"
+            return result
+        finally:
+            metrics.backend.labels(method, outcome).observe(time.perf_counter() - t0)
+
+    upstream.call = timed
+
+
+def instrument_reconciler(profile: Any, ledger: Any, metrics: Metrics) -> None:
+    """Count every `profile.reconcile()` run (ok/error) and record the pending tombstones after it."""
+    import sys
+
+    reconcile = profile.reconcile
+    backend = getattr(sys.modules.get(type(profile).__module__), "BACKEND", None)
+
+    @wraps(reconcile)
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        now = time.time()
+        metrics.reconciler_last_run.set(now)
+        try:
+            result = await reconcile(*args, **kwargs)
+        except Exception:
+            metrics.reconciler_runs.labels("error").inc()
+            raise
+        finally:
+            if backend is not None:
+                try:
+                    metrics.reconciler_pending.set(len(ledger.pending_tombstones(backend)))
+                except Exception:
+                    pass
+        metrics.reconciler_runs.labels("ok").inc()
+        metrics.reconciler_last_success.set(now)
+        return result
+
+    profile.reconcile = counted

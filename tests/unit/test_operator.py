@@ -1,0 +1,254 @@
+"""Operator features in-process: probes, Prometheus metrics, hot reload (valid, invalid and
+invariant-violating sets), shadow mode, decision-log sinks and masking."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pydantic
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from sidecar import Settings, create_app
+from sidecar.ledger import CollectionRecord, SQLiteLedger
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICIES = ROOT / "policies"
+BROKEN = ROOT / "tests" / "invariants" / "fixtures" / "missing-tenant-check" / "policies.cedar"
+CID = "11111111-1111-1111-1111-111111111111"
+BASE = f"/api/v2/tenants/t/databases/db/collections/{CID}"
+SHADOW = {"shadow_mode": True, "shadow_mode_confirm": "decisions-are-not-enforced"}
+
+
+def reply(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/get"):
+        return httpx.Response(200, json={"ids": ["r1", "r2"], "metadatas": [{}, {}], "documents": ["a", "b"], "included": []})
+    return httpx.Response(200, json=True)
+
+
+def empty(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/get"):
+        return httpx.Response(200, json={"ids": [], "metadatas": [], "documents": [], "included": []})
+    return httpx.Response(200, json=True)
+
+
+def down(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> SQLiteLedger:
+    led = SQLiteLedger(tmp_path / "l.db")
+    led.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
+    return led
+
+
+@pytest.fixture
+def policies(tmp_path: Path) -> Path:
+    target = tmp_path / "policies"
+    shutil.copytree(POLICIES, target)
+    return target
+
+
+def make(ledger: SQLiteLedger, policies_dir: Path = POLICIES, handler: Any = reply, **settings: Any) -> tuple[TestClient, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    app = create_app(Settings(policies_dir=policies_dir, backend_url="http://backend:9", policy_watch_interval_s=0, **settings),
+                     transport=httpx.MockTransport(transport), ledger=ledger)
+    return TestClient(app), seen
+
+
+def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = client.get("/_memwarden/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_probes(ledger: SQLiteLedger) -> None:
+    client, _ = make(ledger)
+    assert client.get("/_memwarden/healthz").json() == {"status": "ok"}
+    r = client.get("/_memwarden/readyz")
+    assert r.status_code == 200 and r.json()["checks"] == {"ledger": True, "policies": True, "backend": True}
+    assert r.json()["mode"] == "enforce" and len(r.json()["policy"]["sha256"]) == 64
+    assert value(samples(client), "memwarden_ready") == 1
+
+
+def test_readyz_is_503_when_backend_or_ledger_is_down(ledger: SQLiteLedger, tmp_path: Path) -> None:
+    client, _ = make(ledger, handler=down)
+    assert client.get("/_memwarden/healthz").status_code == 200  # the process is up
+    r = client.get("/_memwarden/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["backend"] is False
+    assert value(samples(client), "memwarden_ready") == 0
+    other = SQLiteLedger(tmp_path / "other.db")
+    client, _ = make(other)
+    other.close()
+    r = client.get("/_memwarden/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["ledger"] is False
+
+
+def test_metrics_count_requests_decisions_rows_and_latencies(ledger: SQLiteLedger) -> None:
+    from sidecar.governance import Row
+
+    ledger.reserve_rows([Row("chroma", CID, "r1", "t", "red", "t/red/a", "fleet", "t/red/a", 1)])
+    ledger.activate_rows("chroma", CID, ["r1"])
+    client, _ = make(ledger)
+    _, key = ledger.create_key("agent", "t", "red", "a", 1)
+    r = client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key})
+    assert r.status_code == 200 and r.json()["ids"] == ["r1"]  # r2 is not in the ledger: filtered
+    assert client.post(f"{BASE}/get", json={}).status_code == 401
+    m = samples(client)
+    assert value(m, "memwarden_requests_total", operation="get", action="list", decision="allow", status="200") == 1
+    assert value(m, "memwarden_requests_total", operation="unrouted", action="none", decision="deny", status="401") == 1
+    assert value(m, "memwarden_rows_total", result="allowed") == 1
+    assert value(m, "memwarden_rows_total", result="filtered") == 1
+    assert sum(v for (n, labels), v in m.items() if n == "memwarden_cedar_decisions_total" and ("decision", "allow") in labels) >= 1
+    assert value(m, "memwarden_cedar_batch_duration_seconds_count") >= 1
+    assert sum(v for (n, labels), v in m.items() if n == "memwarden_backend_request_duration_seconds_count"
+               and ("outcome", "ok") in labels) >= 1
+    assert value(m, "memwarden_ledger_call_duration_seconds_count", method="authenticate") == 1  # no key: no lookup
+    assert value(m, "memwarden_request_duration_seconds_count") == 2
+    assert value(m, "memwarden_shadow_mode") == 0 and value(m, "memwarden_policy_last_reload_success") == 1
+
+
+def test_reconciler_state_is_exported(ledger: SQLiteLedger) -> None:
+    ledger.tombstone("chroma", CID, ["gone"], "t/red/a", "req")
+    client, seen = make(ledger, handler=down)
+    with client:  # lifespan: the start-up reconciler run fails (backend down)
+        m = samples(client)
+        assert value(m, "memwarden_reconciler_runs_total", result="error") == 1
+        assert value(m, "memwarden_reconciler_pending_tombstones") == 1
+    client, _ = make(ledger)
+    with client:
+        m = samples(client)
+        assert value(m, "memwarden_reconciler_runs_total", result="ok") == 1
+        assert value(m, "memwarden_reconciler_pending_tombstones") == 0
+        assert value(m, "memwarden_reconciler_last_success_timestamp_seconds") > 0
+
+
+def test_reload_valid_invalid_and_invariant_violating(ledger: SQLiteLedger, policies: Path) -> None:
+    client, _ = make(ledger, policies)
+    handle = client.app.state.services.policy  # type: ignore[attr-defined]
+    first_engine, first_sha = handle.engine, handle.digest
+    assert handle.reload() == "unchanged"
+    # valid: the same rules plus a comment — parsed, validated, policy-check passes, applied
+    with open(policies / "default.cedar", "a") as fh:
+        fh.write("\n// reviewed\n")
+    assert handle.reload() == "ok" and handle.engine is not first_engine and handle.digest != first_sha
+    good_engine, good_sha = handle.engine, handle.digest
+    # invalid: does not parse → last known good kept, reported
+    (policies / "default.cedar").write_text((policies / "default.cedar").read_text() + "\npermit (principal, action, resource")
+    assert handle.reload() == "invalid" and handle.engine is good_engine and handle.digest == good_sha
+    m = samples(client)
+    assert value(m, "memwarden_policy_reloads_total", result="invalid") == 1
+    assert value(m, "memwarden_policy_last_reload_success") == 0
+    assert "invalid" in client.get("/_memwarden/readyz").json()["policy"]["last_reload_error"]
+    # valid Cedar that breaks tenant isolation: policy-check rejects it, last known good kept
+    shutil.copy(BROKEN, policies / "default.cedar")
+    assert handle.reload() == "invariant_violation" and handle.engine is good_engine
+    m = samples(client)
+    assert value(m, "memwarden_policy_reloads_total", result="invariant_violation") == 1
+    assert value(m, "memwarden_policy_set_info", sha256=good_sha) == 1
+    assert client.get("/_memwarden/readyz").status_code == 200  # still serving the last known good set
+
+
+def test_reload_changes_decisions_and_is_never_half_applied(ledger: SQLiteLedger, policies: Path) -> None:
+    client, _ = make(ledger, policies, policy_reload_check=False)
+    _, key = ledger.create_key("agent", "t", "red", "a", 1)
+    assert client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key}).status_code == 200
+    (policies / "default.cedar").write_text('@id("deny-all")\nforbid (principal, action, resource);\n')
+    (policies / "zz-extra.cedar").write_text('@id("also")\npermit (principal, action, resource);\n')
+    assert client.app.state.services.policy.reload() == "ok"  # type: ignore[attr-defined]
+    r = client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key})
+    assert r.status_code == 403  # forbid overrides permit: the whole new set is in force
+
+
+def test_watcher_applies_a_valid_change(ledger: SQLiteLedger, policies: Path) -> None:
+    app = create_app(Settings(policies_dir=policies, backend_url="http://backend:9", policy_watch_interval_s=0.2),
+                     transport=httpx.MockTransport(reply), ledger=ledger)
+    with TestClient(app) as client:
+        before = client.get("/_memwarden/readyz").json()["policy"]["sha256"]
+        with open(policies / "default.cedar", "a") as fh:
+            fh.write("\n// watched\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and client.get("/_memwarden/readyz").json()["policy"]["sha256"] == before:
+            time.sleep(0.2)
+        assert client.get("/_memwarden/readyz").json()["policy"]["sha256"] != before
+        assert value(samples(client), "memwarden_policy_reloads_total", result="ok") == 1
+
+
+def test_shadow_mode_refused_unless_confirmed(ledger: SQLiteLedger) -> None:
+    with pytest.raises(pydantic.ValidationError, match="SHADOW_MODE_CONFIRM"):
+        Settings(shadow_mode=True)
+
+
+def test_shadow_mode_forwards_denied_writes_and_is_loud(ledger: SQLiteLedger, capsys: pytest.CaptureFixture[str]) -> None:
+    _, reader = ledger.create_key("agent", "t", "red", "ro", 0)  # trust 0: writes are denied
+    body = {"ids": ["n1"], "embeddings": [[1.0]], "documents": ["x"]}
+    client, seen = make(ledger, handler=empty)
+    assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": reader}).status_code == 403
+    assert not any(r.url.path.endswith("/add") for r in seen)
+    ledger2 = SQLiteLedger(":memory:")
+    ledger2.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
+    _, reader2 = ledger2.create_key("agent", "t", "red", "ro", 0)
+    client, seen = make(ledger2, handler=empty, **SHADOW)
+    r = client.post(f"{BASE}/add", json=body, headers={"X-API-Key": reader2})
+    assert r.status_code == 200 and any(req.url.path.endswith("/add") for req in seen)
+    assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": "mwk_nope.nope"}).status_code == 401  # authn still enforced
+    ready = client.get("/_memwarden/readyz").json()
+    assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
+    m = samples(client)
+    assert value(m, "memwarden_shadow_mode") == 1
+    assert value(m, "memwarden_shadow_would_deny_total", action="write") == 1
+
+
+def test_file_sink_rotates_and_masks(tmp_path: Path) -> None:
+    """structlog is configured once per process, so the sink is exercised in a fresh interpreter."""
+    log = tmp_path / "logs" / "decisions.jsonl"
+    script = f"""
+import httpx
+from pathlib import Path
+from starlette.testclient import TestClient
+from sidecar import Settings, create_app
+from sidecar.ledger import SQLiteLedger
+led = SQLiteLedger(":memory:")
+_, key = led.create_key("agent", "t", "red", "a", 1)
+app = create_app(Settings(policies_dir={str(POLICIES)!r}, backend_url="http://b:9", policy_watch_interval_s=0,
+                          decision_log_sink="file", decision_log_path={str(log)!r}, decision_log_max_bytes=2000,
+                          decision_log_backups=2, decision_log_mask="principal,row_ids"),
+                 transport=httpx.MockTransport(lambda r: httpx.Response(200, json=True)), ledger=led)
+c = TestClient(app)
+for _ in range(30):
+    c.post("/api/v2/tenants/t/databases/db/collections/nope/get", json={{}}, headers={{"X-API-Key": key}})
+print("done")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "decision" not in out.stdout  # nothing on stdout: the file sink took it
+    files = sorted(p.name for p in log.parent.iterdir())
+    assert files == ["decisions.jsonl", "decisions.jsonl.1", "decisions.jsonl.2"]
+    events = [json.loads(line) for p in log.parent.iterdir() for line in p.read_text().splitlines()]
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert decisions and all(e["principal"].startswith("mask:") for e in decisions)
+    assert len({e["principal"] for e in decisions}) == 1  # masked values still correlate
+    assert all("t/red/a" not in json.dumps(e) for e in events)
+    assert all(p.stat().st_size <= 2600 for p in log.parent.iterdir())
