@@ -1,0 +1,123 @@
+"""Render the Kubernetes manifests for the sidecar pattern from a policy directory.
+
+    python deploy/kubernetes/render.py [POLICIES_DIR] > deploy/kubernetes/memwarden.yaml
+
+One pod runs Chroma bound to 127.0.0.1 (reachable only from inside the pod) and memwarden in
+front of it on :8080. Policies come from a ConfigMap (every file under POLICIES_DIR, sub-directories
+``invariants/`` and ``tests/`` included: ConfigMap keys cannot hold ``/``, so each file is a key
+with ``/`` written as ``__`` and the volume's ``items`` map it back). The PostgreSQL ledger URL
+(with its password) comes from a Secret. An init container applies ledger migrations; the main
+container then refuses to start on an old schema. Needs PyYAML.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NAME = "memwarden"
+IMAGE = "memwarden:0.1.0"
+CHROMA_IMAGE = "chromadb/chroma:1.5.9"
+LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "memory"}
+
+
+def policy_files(root: Path) -> dict[str, str]:
+    """ConfigMap key -> relative path, for every regular file under `root` (hidden files skipped)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+            out[str(rel).replace("/", "__")] = str(rel)
+    return out
+
+
+def manifests(root: Path) -> list[dict[str, Any]]:
+    files = policy_files(root)
+    probe = lambda path, period: {  # noqa: E731
+        "httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 3}
+    memwarden_env = [
+        {"name": "MEMWARDEN_BACKEND", "value": "chroma"},
+        {"name": "MEMWARDEN_BACKEND_URL", "value": "http://127.0.0.1:8000"},
+        {"name": "MEMWARDEN_POLICIES_DIR", "value": "/etc/memwarden/policies"},
+        {"name": "MEMWARDEN_LEDGER_URL", "valueFrom": {"secretKeyRef": {"name": NAME, "key": "ledger-url"}}},
+        {"name": "MEMWARDEN_LEDGER_MIGRATE_ON_START", "value": "false"},
+    ]
+    restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
+                  "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    policies_mount = {"name": "policies", "mountPath": "/etc/memwarden/policies", "readOnly": True}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "labels": LABELS},
+         "automountServiceAccountToken": False},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{NAME}-policies", "labels": LABELS},
+         "data": {key: (root / rel).read_text(encoding="utf-8") for key, rel in files.items()}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": NAME, "labels": LABELS}, "type": "Opaque",
+         "stringData": {"ledger-url": "postgresql://memwarden:CHANGE-ME@postgres.memwarden.svc:5432/memwarden"}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, "labels": LABELS},
+         "spec": {"selector": LABELS, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}},
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": NAME, "labels": LABELS},
+         "spec": {
+             # One pod: Chroma's data lives on this pod's volume, so it is not replicated by scaling.
+             "replicas": 1, "serviceName": NAME, "selector": {"matchLabels": LABELS},
+             "template": {
+                 "metadata": {"labels": LABELS},
+                 "spec": {
+                     "serviceAccountName": NAME, "automountServiceAccountToken": False,
+                     "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "initContainers": [{
+                         "name": "ledger-migrate", "image": IMAGE, "args": ["ledger", "migrate"],
+                         "env": [e for e in memwarden_env if e["name"] == "MEMWARDEN_LEDGER_URL"],
+                         "securityContext": restricted,
+                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                     }],
+                     "containers": [
+                         {
+                             "name": "memwarden", "image": IMAGE,
+                             "args": ["serve", "--host", "0.0.0.0", "--port", "8080"],
+                             "ports": [{"name": "http", "containerPort": 8080}],
+                             "env": memwarden_env,
+                             "readinessProbe": probe("/_memwarden/readyz", 5),
+                             "livenessProbe": probe("/_memwarden/healthz", 10),
+                             "startupProbe": {**probe("/_memwarden/healthz", 2), "failureThreshold": 30},
+                             "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                                           "limits": {"memory": "768Mi"}},
+                             "securityContext": restricted,
+                             "volumeMounts": [policies_mount, {"name": "tmp", "mountPath": "/tmp"}],
+                         },
+                         {
+                             "name": "chroma", "image": CHROMA_IMAGE,
+                             # Bound to localhost: only containers of this pod (memwarden) can reach it.
+                             "command": ["chroma", "run", "--host", "127.0.0.1", "--port", "8000", "--path", "/data"],
+                             "env": [{"name": "ANONYMIZED_TELEMETRY", "value": "False"}],
+                             "resources": {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                           "limits": {"memory": "2Gi"}},
+                             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                             "volumeMounts": [{"name": "chroma-data", "mountPath": "/data"}],
+                         },
+                     ],
+                     "volumes": [
+                         {"name": "policies", "configMap": {
+                             "name": f"{NAME}-policies",
+                             "items": [{"key": key, "path": rel} for key, rel in files.items()]}},
+                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                     ],
+                 },
+             },
+             "volumeClaimTemplates": [{
+                 "metadata": {"name": "chroma-data"},
+                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}},
+             }],
+         }},
+    ]
+
+
+def render(root: Path) -> str:
+    header = ("# Generated by deploy/kubernetes/render.py from policies/; re-run it after changing policies:\n"
+              "#   python deploy/kubernetes/render.py policies > deploy/kubernetes/memwarden.yaml\n")
+    return header + yaml.safe_dump_all(manifests(root), sort_keys=False, default_flow_style=False, width=120)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "policies")))

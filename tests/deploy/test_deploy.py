@@ -1,0 +1,160 @@
+"""deploy/ validated offline (no Docker engine, no cluster here): YAML parses, the image's entrypoint
+is the console script the package installs, every MEMWARDEN_* variable is a real setting, and the
+Kubernetes manifests pass the bundled Kubernetes 1.37 OpenAPI schemas (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sidecar.config import Settings
+from sidecar.policy import PolicyEngine
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S_VERSION = "1.37.0"
+sys.path.insert(0, str(DEPLOY / "kubernetes"))
+import render  # noqa: E402
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def settings_env(env: dict[str, Any] | list[dict[str, Any]]) -> set[str]:
+    names = set(env) if isinstance(env, dict) else {e["name"] for e in env}
+    return {n for n in names if n.startswith("MEMWARDEN_")}
+
+
+def assert_real_settings(names: set[str]) -> None:
+    fields = {f"MEMWARDEN_{name.upper()}" for name in Settings.model_fields}
+    assert names and names <= fields, names - fields
+
+
+def test_dockerfile_is_slim_non_root_with_healthcheck() -> None:
+    ins = dockerfile()
+    froms = [a for i, a in ins if i == "FROM"]
+    assert froms and all("-slim" in a for a in froms)
+    users = [a for i, a in ins if i == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    health = [a for i, a in ins if i == "HEALTHCHECK"]
+    assert len(health) == 1 and "/_memwarden/healthz" in health[0]
+    for i, a in ins:
+        if i == "COPY" and "--from" not in a:
+            for src in shlex.split(a)[:-1]:
+                assert (ROOT / src).exists(), src  # the build context (repository root) has it
+    assert_real_settings({w.split("=")[0] for i, a in ins if i == "ENV" for w in a.split() if w.startswith("MEMWARDEN_")})
+
+
+def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
+    ins = dict(dockerfile())
+    entrypoint, cmd = json.loads(ins["ENTRYPOINT"]), json.loads(ins["CMD"])
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert entrypoint == ["memwarden"] and scripts["memwarden"] == "sidecar.cli:app"
+    # The wheel the image's `pip install .` builds declares that console script and ships the package.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, timeout=240)
+    wheel = next(tmp_path.glob("memwarden-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "memwarden = sidecar.cli:app" in entry_points
+    assert "sidecar/cli.py" in names and "sidecar/ledger/postgres.py" in names and "invariants/cli.py" in names
+    # The CMD (and the compose/k8s arguments) are accepted by that command.
+    from typer.testing import CliRunner
+
+    from sidecar.cli import app
+
+    for args in (cmd, ["ledger", "migrate"]):
+        result = CliRunner().invoke(app, [*args, "--help"])
+        assert result.exit_code == 0, (args, result.output)
+
+
+def test_compose_file() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "chroma", "memwarden", "migrate"} <= set(services)
+    published = {name for name, svc in services.items() if svc.get("ports")}
+    assert published == {"memwarden"}  # the backend and the ledger are not reachable from outside
+    mw = services["memwarden"]
+    assert mw["environment"]["MEMWARDEN_BACKEND_URL"] == "http://chroma:8000"
+    assert mw["environment"]["MEMWARDEN_LEDGER_URL"].startswith("postgresql://")
+    assert "readyz" in " ".join(mw["healthcheck"]["test"])
+    assert services["migrate"]["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert (DEPLOY / services["migrate"]["build"]["context"] / "deploy" / "Dockerfile").exists()
+    assert services["migrate"]["command"] == ["ledger", "migrate"]
+    assert mw["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    for svc in services.values():
+        if "environment" in svc and any(k.startswith("MEMWARDEN_") for k in svc["environment"]):
+            assert_real_settings(settings_env(svc["environment"]))
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.mark.parametrize("source", ["committed", "rendered"])
+def test_kubernetes_manifests_pass_the_schema(source: str) -> None:
+    text = (DEPLOY / "kubernetes" / "memwarden.yaml").read_text() if source == "committed" else render.render(ROOT / "policies")
+    docs = _docs(text)
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Secret", "Service", "StatefulSet"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_schema_check_is_not_vacuous() -> None:
+    sts = next(d for d in _docs(render.render(ROOT / "policies")) if d["kind"] == "StatefulSet")
+    sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGett"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+
+
+def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
+    docs = {d["kind"]: d for d in _docs(render.render(ROOT / "policies"))}
+    pod = docs["StatefulSet"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"memwarden", "chroma"}
+    chroma, mw = containers["chroma"], containers["memwarden"]
+    assert chroma["command"][chroma["command"].index("--host") + 1] == "127.0.0.1" and "ports" not in chroma
+    assert [p["targetPort"] for p in docs["Service"]["spec"]["ports"]] == ["http"]
+    assert mw["ports"] == [{"name": "http", "containerPort": 8080}]
+    assert mw["readinessProbe"]["httpGet"]["path"] == "/_memwarden/readyz"
+    assert mw["livenessProbe"]["httpGet"]["path"] == "/_memwarden/healthz"
+    for c in [*pod["containers"], *pod["initContainers"]]:
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert mw["securityContext"]["runAsNonRoot"] and mw["securityContext"]["readOnlyRootFilesystem"]
+    env = {e["name"]: e for e in mw["env"]}
+    assert env["MEMWARDEN_LEDGER_URL"]["valueFrom"]["secretKeyRef"] == {"name": "memwarden", "key": "ledger-url"}
+    assert "ledger-url" in docs["Secret"]["stringData"]
+    assert_real_settings(settings_env(mw["env"]))
+    assert pod["initContainers"][0]["args"] == ["ledger", "migrate"]
+    # The ConfigMap projected through the volume's items is a policy directory that loads.
+    volume = next(v for v in pod["volumes"] if v["name"] == "policies")["configMap"]
+    data = docs["ConfigMap"]["data"]
+    assert {i["key"] for i in volume["items"]} == set(data)
+    for item in volume["items"]:
+        (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / item["path"]).write_text(data[item["key"]])
+    assert (tmp_path / "invariants").is_dir()
+    PolicyEngine.load(tmp_path)
+    mount = next(m for m in mw["volumeMounts"] if m["name"] == "policies")
+    assert mount["mountPath"] == env["MEMWARDEN_POLICIES_DIR"]["value"]
