@@ -1,0 +1,77 @@
+"""Operator signals on a real `memwarden serve` process: SIGHUP reloads (invalid set rejected and
+kept, valid set applied), shadow mode is refused without confirmation and loud when confirmed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sidecar.harness import Server, start_sidecar
+from tests.integration.conftest import POLICIES
+
+pytestmark = pytest.mark.integration
+
+
+def metric(server: Server, line_prefix: str) -> float:
+    for line in httpx.get(server.url + "/_memwarden/metrics", trust_env=False).text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for(server: Server, line_prefix: str, value: float, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if metric(server, line_prefix) == value:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{line_prefix} never became {value}:\n{server.log_tail()}")
+
+
+def test_sighup_reload(chroma_server: Server, tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICIES, policies)
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", policies,
+                         extra_env={"MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
+    try:
+        before = httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"]
+        (policies / "default.cedar").write_text("permit (principal, action, resource")  # does not parse
+        side.proc.send_signal(signal.SIGHUP)
+        wait_for(side, 'memwarden_policy_reloads_total{result="invalid"}', 1.0)
+        assert metric(side, "memwarden_policy_last_reload_success") == 0.0
+        assert httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"] == before
+        assert "policy_reload_rejected" in side.log.read_text()
+        shutil.copy(POLICIES / "default.cedar", policies / "default.cedar")
+        with open(policies / "default.cedar", "a") as fh:
+            fh.write("\n// reviewed\n")
+        side.proc.send_signal(signal.SIGHUP)
+        wait_for(side, 'memwarden_policy_reloads_total{result="ok"}', 1.0)
+        assert httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"] != before
+        assert side.proc.poll() is None
+    finally:
+        side.stop()
+
+
+def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) -> None:
+    env = {**os.environ, "MEMWARDEN_BACKEND_URL": chroma_server.url, "MEMWARDEN_POLICIES_DIR": str(POLICIES),
+           "MEMWARDEN_LEDGER_PATH": str(tmp_path / "l.db"), "MEMWARDEN_SHADOW_MODE": "true"}
+    refused = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--port", "1"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "SHADOW_MODE_CONFIRM" in refused.stdout + refused.stderr
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES, extra_env={
+        "MEMWARDEN_SHADOW_MODE": "true", "MEMWARDEN_SHADOW_MODE_CONFIRM": "decisions-are-not-enforced"})
+    try:
+        ready = httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()
+        assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
+        assert metric(side, "memwarden_shadow_mode") == 1.0
+        assert "shadow_mode_enabled" in side.log.read_text()
+    finally:
+        side.stop()
