@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -71,7 +72,14 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert entrypoint == ["memwarden"] and scripts["memwarden"] == "sidecar.cli:app"
     # The wheel the image's `pip install .` builds declares that console script and ships the package.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+    # Built from a copy of what the Dockerfile copies (no build/ or egg-info left in the work tree).
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("sidecar", "invariants"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=240)
     wheel = next(tmp_path.glob("memwarden-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
