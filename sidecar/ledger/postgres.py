@@ -25,6 +25,7 @@ import hmac
 import json
 import os
 import re
+import select
 from typing import Any, Iterator
 from contextlib import contextmanager
 
@@ -101,6 +102,15 @@ def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
     )
 
 
+def _check_idle(conn: psycopg.Connection[Any]) -> None:
+    """Pool check on checkout, without a round trip in the common case: an idle connection whose
+    socket is readable has been closed or sent something (server restart, terminated backend,
+    idle timeout), so it is verified with a real round trip and discarded by the pool if broken."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
 class _Rollback(Exception):
     """Internal: abort the current transaction and hand a value back to the caller."""
 
@@ -125,7 +135,7 @@ class PostgresLedger:
             raise ValueError(f"ledger schema {schema!r} must be a lower-case SQL identifier")
         self.schema = schema
         self._pool = ConnectionPool(
-            url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False,
+            url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, check=_check_idle,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
                     "options": f"-c search_path={schema} -c synchronous_commit=on"},
             name="memwarden-ledger",

@@ -233,3 +233,23 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
     monkeypatch.setenv("MEMWARDEN_LEDGER_URL", "postgresql://postgres@127.0.0.1:1/none")
     monkeypatch.setenv("MEMWARDEN_LEDGER_TIMEOUT_S", "1")
     assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 1
+
+
+def test_postgres_survives_a_terminated_connection(pg_url: str) -> None:
+    """A pooled connection killed server-side (restart, idle timeout) is detected at checkout and
+    replaced: the next call succeeds instead of failing once per stale connection."""
+    ledger = PostgresLedger(pg_url, schema=fresh_schema(), min_size=1, max_size=1)
+    try:
+        _, key = ledger.create_key("agent", "t", "red", "a", 1)
+        with ledger._conn() as db:
+            pid = db.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        import time
+
+        time.sleep(0.2)
+        assert ledger.authenticate(key) is not None
+        with ledger._conn() as db:
+            assert db.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"] != pid
+    finally:
+        ledger.close()
