@@ -1,12 +1,15 @@
-"""Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``) or a .env file."""
+"""Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``), a .env
+file, or a TOML config file named by ``MEMWARDEN_CONFIG_FILE`` (keys = option names in lower case).
+Precedence: constructor arguments > environment > .env > config file > defaults."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, HttpUrl, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
 class Settings(BaseSettings):
@@ -60,6 +63,19 @@ class Settings(BaseSettings):
     decision_log_backups: int = Field(default=5, ge=0, description="file sink: rotated files kept")
     decision_log_mask: str = Field(
         default="", description="comma-separated log fields whose values are replaced by a keyed hash (e.g. principal,row_ids)")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get("MEMWARDEN_CONFIG_FILE")
+        if not path:
+            return init_settings, env_settings, dotenv_settings, file_secret_settings
+        if not Path(path).is_file():
+            raise ValueError(f"MEMWARDEN_CONFIG_FILE={path}: no such file")
+        return init_settings, env_settings, dotenv_settings, TomlConfigSettingsSource(settings_cls, Path(path)), file_secret_settings
 
     @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":

@@ -252,3 +252,19 @@ print("done")
     assert len({e["principal"] for e in decisions}) == 1  # masked values still correlate
     assert all("t/red/a" not in json.dumps(e) for e in events)
     assert all(p.stat().st_size <= 2600 for p in log.parent.iterdir())
+
+
+def test_config_file_environment_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "memwarden.toml"
+    cfg.write_text('backend_url = "http://from-file:1"\nledger_schema = "from_file"\ndecision_log_mask = "principal"\n')
+    monkeypatch.setenv("MEMWARDEN_CONFIG_FILE", str(cfg))
+    monkeypatch.setenv("MEMWARDEN_LEDGER_SCHEMA", "from_env")
+    s = Settings()
+    assert str(s.backend_url) == "http://from-file:1/" and s.ledger_schema == "from_env" and s.decision_log_mask == "principal"
+    assert Settings(ledger_schema="from_init").ledger_schema == "from_init"
+    cfg.write_text('no_such_option = 1\n')
+    with pytest.raises(pydantic.ValidationError, match="no_such_option"):
+        Settings()
+    monkeypatch.setenv("MEMWARDEN_CONFIG_FILE", str(tmp_path / "missing.toml"))
+    with pytest.raises(ValueError, match="MEMWARDEN_CONFIG_FILE"):
+        Settings()
