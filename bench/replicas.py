@@ -98,7 +98,7 @@ def main() -> None:
     rnd = random.Random(1)
     dbname = f"mw_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.pg, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{dbname}"')
     url = f"{args.pg.rpartition('/')[0]}/{dbname}"
     servers: list[Server] = []
     results: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "rows": args.rows, "dim": args.dim,
@@ -165,7 +165,7 @@ def main() -> None:
         for s in reversed(servers):
             s.stop()
         with psycopg.connect(args.pg, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class Services:
         raw_ledger = ledger or ledger_from_settings(settings)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
-        self.ledger: Ledger = InstrumentedLedger(raw_ledger, self.metrics)  # type: ignore[assignment]
+        self.ledger: Ledger = InstrumentedLedger(raw_ledger, self.metrics)
         self.upstream = Upstream(
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,

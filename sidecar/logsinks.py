@@ -17,7 +17,7 @@ import logging.handlers
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, MutableMapping
 
 import structlog
 
@@ -39,7 +39,7 @@ class MaskFields:
         digest = hmac.new(_MASK_KEY, str(value).encode("utf-8"), hashlib.sha256).hexdigest()[:16]
         return f"mask:{digest}"
 
-    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for name in self.names & event.keys():
             event[name] = self._mask(event[name])
         return event

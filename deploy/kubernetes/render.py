@@ -36,9 +36,11 @@ def policy_files(root: Path) -> dict[str, str]:
 
 def manifests(root: Path) -> list[dict[str, Any]]:
     files = policy_files(root)
-    probe = lambda path, period: {  # noqa: E731
-        "httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 3}
-    memwarden_env = [
+
+    def probe(path: str, period: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 3}
+
+    memwarden_env: list[dict[str, Any]] = [
         {"name": "MEMWARDEN_BACKEND", "value": "chroma"},
         {"name": "MEMWARDEN_BACKEND_URL", "value": "http://127.0.0.1:8000"},
         {"name": "MEMWARDEN_POLICIES_DIR", "value": "/etc/memwarden/policies"},

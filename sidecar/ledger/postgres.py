@@ -155,12 +155,12 @@ class PostgresLedger:
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         with self._pool.connection() as conn:
-            yield conn  # type: ignore[misc]
+            yield conn
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         with self._pool.connection() as conn, conn.transaction():
-            yield conn  # type: ignore[misc]
+            yield conn
 
     def schema_version(self) -> int:
         """The migration version in force (0 for an empty schema)."""
@@ -182,7 +182,7 @@ class PostgresLedger:
             for version in range(current, len(MIGRATIONS)):
                 for statement in MIGRATIONS[version].split(";"):
                     if statement.strip():
-                        db.execute(statement)  # type: ignore[call-overload]
+                        db.execute(statement)
                 db.execute("INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)", (version + 1, now_us()))
         return len(MIGRATIONS)
 
