@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -43,9 +44,14 @@ def policy_digest(directory: Path) -> str:
     """SHA-256 over the names and bytes of every file under `directory` (sorted), for change detection."""
     h = hashlib.sha256()
     root = Path(directory)
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
-            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    files: list[Path] = []
+    # followlinks: a Kubernetes ConfigMap volume holds symlinks (``invariants -> ..data/invariants``);
+    # hidden entries (``..data``, ``..2026_…``) are the kubelet's and are skipped.
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        files += [Path(dirpath) / f for f in filenames if not f.startswith(".")]
+    for p in sorted(files):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 

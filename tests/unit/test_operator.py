@@ -268,3 +268,36 @@ def test_config_file_environment_precedence(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("MEMWARDEN_CONFIG_FILE", str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="MEMWARDEN_CONFIG_FILE"):
         Settings()
+
+
+def _configmap_layout(root: Path, version: str, source: Path) -> None:
+    """What the kubelet makes of a ConfigMap volume with items: files in a hidden versioned dir,
+    ``..data`` pointing at it, and top-level symlinks through ``..data``; updates swap ``..data``."""
+    shutil.copytree(source, root / version)
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(version)
+    tmp_link.rename(root / "..data")  # atomic swap, as the kubelet does
+    for entry in source.iterdir():
+        link = root / entry.name
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / entry.name)
+
+
+def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_path: Path) -> None:
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    _configmap_layout(mounted, "..2026_01", POLICIES)
+    client, _ = make(ledger, mounted)
+    handle = client.app.state.services.policy  # type: ignore[attr-defined]
+    assert handle.reload() == "unchanged"
+    update = tmp_path / "update"
+    shutil.copytree(POLICIES, update)
+    shutil.copy(BROKEN, update / "invariants" / "zz-broken-policy-as-invariant.cedar")  # only invariants/ changes
+    _configmap_layout(mounted, "..2026_02", update)
+    assert handle.reload() in ("invalid", "invariant_violation")  # the change below a symlinked dir is seen
+    shutil.rmtree(update)
+    shutil.copytree(POLICIES, update)
+    with open(update / "default.cedar", "a") as fh:
+        fh.write("\n// v3\n")
+    _configmap_layout(mounted, "..2026_03", update)
+    assert handle.reload() == "ok"
