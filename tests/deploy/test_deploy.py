@@ -79,7 +79,7 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
         shutil.copy(ROOT / name, src / name)
     for name in ("sidecar", "invariants"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
                    check=True, capture_output=True, timeout=240)
     wheel = next(tmp_path.glob("memwarden-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
