@@ -73,5 +73,16 @@ def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) ->
         assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
         assert metric(side, "memwarden_shadow_mode") == 1.0
         assert "shadow_mode_enabled" in side.log.read_text()
+        from sidecar.ledger import SQLiteLedger
+
+        ledger = SQLiteLedger(tmp_path / "ledger.db")
+        _, agent = ledger.create_key("agent", "shadowt", "red", "a", 0)
+        ledger.close()
+        # An agent key may not create tenants (request-level `admin`): denied by Cedar, forwarded in shadow mode.
+        r = httpx.post(side.url + "/api/v2/tenants", json={"name": "shadowt"}, headers={"X-API-Key": agent}, trust_env=False)
+        assert r.status_code == 200, r.text
+        decisions = [line for line in side.log.read_text().splitlines() if '"event": "decision"' in line]
+        assert any("shadow-mode:would-deny" in line for line in decisions)
+        assert "shadow_would_deny" in side.log.read_text()
     finally:
         side.stop()
