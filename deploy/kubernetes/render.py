@@ -6,7 +6,8 @@ One pod runs Chroma bound to 127.0.0.1 (reachable only from inside the pod) and 
 front of it on :8080. Policies come from a ConfigMap (every file under POLICIES_DIR, sub-directories
 ``invariants/`` and ``tests/`` included: ConfigMap keys cannot hold ``/``, so each file is a key
 with ``/`` written as ``__`` and the volume's ``items`` map it back). The PostgreSQL ledger URL
-(with its password) comes from a Secret. An init container applies ledger migrations; the main
+(with its password) and the optional backend credential come from a Secret (API keys themselves live,
+hashed, in the ledger: create them with ``memwarden keys create`` against the same ledger URL). An init container applies ledger migrations; the main
 container then refuses to start on an old schema. Needs PyYAML.
 """
 
@@ -46,6 +47,9 @@ def manifests(root: Path) -> list[dict[str, Any]]:
         {"name": "MEMWARDEN_POLICIES_DIR", "value": "/etc/memwarden/policies"},
         {"name": "MEMWARDEN_LEDGER_URL", "valueFrom": {"secretKeyRef": {"name": NAME, "key": "ledger-url"}}},
         {"name": "MEMWARDEN_LEDGER_MIGRATE_ON_START", "value": "false"},
+        # The credential memwarden sends to the backend, for backends that require one (optional).
+        {"name": "MEMWARDEN_BACKEND_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": NAME, "key": "backend-token", "optional": True}}},
     ]
     restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                   "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
@@ -56,7 +60,8 @@ def manifests(root: Path) -> list[dict[str, Any]]:
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{NAME}-policies", "labels": LABELS},
          "data": {key: (root / rel).read_text(encoding="utf-8") for key, rel in files.items()}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": NAME, "labels": LABELS}, "type": "Opaque",
-         "stringData": {"ledger-url": "postgresql://memwarden:CHANGE-ME@postgres.memwarden.svc:5432/memwarden"}},
+         "stringData": {"ledger-url": "postgresql://memwarden:CHANGE-ME@postgres.memwarden.svc:5432/memwarden",
+                        "backend-token": ""}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, "labels": LABELS},
          "spec": {"selector": LABELS, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}},
         {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": NAME, "labels": LABELS},

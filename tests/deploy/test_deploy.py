@@ -152,7 +152,8 @@ def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
     assert mw["securityContext"]["runAsNonRoot"] and mw["securityContext"]["readOnlyRootFilesystem"]
     env = {e["name"]: e for e in mw["env"]}
     assert env["MEMWARDEN_LEDGER_URL"]["valueFrom"]["secretKeyRef"] == {"name": "memwarden", "key": "ledger-url"}
-    assert "ledger-url" in docs["Secret"]["stringData"]
+    assert env["MEMWARDEN_BACKEND_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "memwarden"
+    assert {"ledger-url", "backend-token"} <= set(docs["Secret"]["stringData"])
     assert_real_settings(settings_env(mw["env"]))
     assert pod["initContainers"][0]["args"] == ["ledger", "migrate"]
     # The ConfigMap projected through the volume's items is a policy directory that loads.
