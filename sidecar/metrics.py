@@ -12,7 +12,7 @@ Series (all prefixed ``memwarden_``; durations in seconds):
 - ``ledger_pool_connections{state}`` — PostgreSQL pool (size/available/waiting), at scrape time
 - ``reconciler_runs_total{result}``, ``reconciler_pending_tombstones``,
   ``reconciler_last_run_timestamp_seconds``, ``reconciler_last_success_timestamp_seconds``
-- ``policy_reloads_total{result}`` (ok, invalid, invariant_violation, unchanged),
+- ``policy_reloads_total{result}`` (ok, unchanged, invalid, invariant_violation, error),
   ``policy_last_reload_success`` (1/0), ``policy_set_info{sha256}``
 - ``shadow_mode`` (1 when decisions are not enforced), ``shadow_would_deny_total{action}``
 - ``ready`` — 1 when the last readyz answered 200

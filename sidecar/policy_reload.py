@@ -111,8 +111,9 @@ class PolicyHandle:
 
     # -- reload -----------------------------------------------------------------------------
     def reload(self, force: bool = False) -> str:
-        """Try to replace the policy set from `directory`. Returns ``ok``, ``unchanged``, ``invalid``
-        or ``invariant_violation``; never raises (a failure keeps the last known good set)."""
+        """Try to replace the policy set from `directory`. Returns ``ok``, ``unchanged``, ``invalid``,
+        ``invariant_violation`` or ``error`` (policy-check could not run); a failure keeps the last
+        known good set."""
         with self._lock:
             try:
                 digest = policy_digest(self.directory)
@@ -132,7 +133,10 @@ class PolicyHandle:
                 except (PolicyLoadError, OSError) as exc:
                     return self._reject("invalid", str(exc), digest)
                 if self.check:
-                    passed, output = check_invariants(snapshot, self.check_timeout_s)
+                    try:
+                        passed, output = check_invariants(snapshot, self.check_timeout_s)
+                    except Exception as exc:  # policy-check could not run: not proved, so not applied
+                        return self._reject("error", f"policy-check did not run: {exc}", digest)
                     if not passed:
                         return self._reject("invariant_violation", output, digest)
             self.engine = engine
@@ -163,7 +167,10 @@ class PolicyHandle:
             except OSError:
                 continue
             if digest != self.digest and digest != self._rejected_digest:
-                await asyncio.to_thread(self.reload)
+                try:
+                    await asyncio.to_thread(self.reload)
+                except Exception:  # never let the watcher die; reload() itself reports failures
+                    log.exception("policy_watch_error")
 
     def status(self) -> dict[str, Any]:
         return {"sha256": self.digest, "loaded_at": self.loaded_at, "last_reload_error": self.last_error,

@@ -301,3 +301,21 @@ def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_pat
         fh.write("\n// v3\n")
     _configmap_layout(mounted, "..2026_03", update)
     assert handle.reload() == "ok"
+
+
+def test_reload_when_policy_check_cannot_run_keeps_the_old_set(ledger: SQLiteLedger, policies: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import sidecar.policy_reload as pr
+
+    client, _ = make(ledger, policies)
+    handle = client.app.state.services.policy  # type: ignore[attr-defined]
+    engine = handle.engine
+
+    def broken(directory: Path, timeout_s: float) -> tuple[bool, str]:
+        raise OSError("no interpreter")
+
+    monkeypatch.setattr(pr, "check_invariants", broken)
+    with open(policies / "default.cedar", "a") as fh:
+        fh.write("\n// unchecked\n")
+    assert handle.reload() == "error" and handle.engine is engine
+    assert value(samples(client), "memwarden_policy_reloads_total", result="error") == 1
