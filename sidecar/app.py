@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sidecar import decisionlog
 from sidecar.backends.chroma import ChromaProfile
+from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
 from sidecar.ledger import Ledger, ledger_from_settings
 from sidecar.metrics import (CONTENT_TYPE_LATEST, InstrumentedLedger, Metrics, instrument_reconciler,
@@ -54,7 +55,8 @@ class Services:
         )
         instrument_upstream(self.upstream, self.metrics)
         self.authz = Authorizer(self.policy, self.ledger)  # type: ignore[arg-type]
-        self.profile = ChromaProfile(settings, self.upstream, self.ledger, self.authz)
+        profile_cls = Mem0Profile if settings.backend == "mem0" else ChromaProfile
+        self.profile = profile_cls(settings, self.upstream, self.ledger, self.authz)
         self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes)
         instrument_reconciler(self.profile, self.ledger, self.metrics)
 
@@ -95,7 +97,7 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         except Exception:
             checks["ledger"] = False
         try:
-            await services.upstream.call("GET", ["api", "v2", "heartbeat"])
+            await services.upstream.call("GET", getattr(services.profile, "health_segments", ["api", "v2", "heartbeat"]))
             checks["backend"] = True
         except Exception:
             checks["backend"] = False

@@ -17,7 +17,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MEMWARDEN_", env_file=".env", extra="forbid", frozen=True)
 
-    backend: Literal["chroma"] = "chroma"
+    backend: Literal["chroma", "mem0"] = "chroma"
+    mem0_deployment: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$",
+                                 description="name of the Mem0 deployment: the ledger collection key of its rows")
+    mem0_infer: Literal["confine", "refuse"] = Field(
+        default="confine", description="Mem0 adds with infer=true: confine to the caller's own rows, or refuse (400)")
     backend_url: HttpUrl = Field(default=HttpUrl("http://127.0.0.1:8000"), description="base URL of the backend")
     backend_token: str | None = Field(default=None, description="credential the sidecar sends to the backend")
     backend_auth_header: str = Field(default="Authorization", description="header carrying backend_token")

@@ -144,6 +144,9 @@ class Row:
             value = getattr(self, name)
             if value is not None:
                 attrs[name] = value
+        # Optional backend attributes declared in the schema (e.g. Mem0's user_id/run_id).
+        for name, value in (self.extra.get("cedar") or {}).items():
+            attrs.setdefault(name, value)
         return {
             "uid": {"type": "Memory", "id": self.uid[1]},
             "attrs": attrs,

@@ -105,3 +105,19 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log), "/_memwarden/healthz", timeout_s)
+
+
+def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0) -> Server:
+    """Our Mem0-REST-compatible test server (tests/mem0_server: the real `mem0ai` `Memory`, infer=False,
+    Qdrant local mode, offline all-MiniLM-L6-v2) on 127.0.0.1, authenticated by `api_key` (X-API-Key)."""
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir.parent / f"mem0-{port}.log"
+    fh = open(log, "wb")
+    env = {**os.environ, "MEM0_TELEMETRY": "False", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "MEM0_ADMIN_API_KEY": api_key}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.mem0_server.server", "--host", "127.0.0.1", "--port", str(port), "--data", str(data_dir)],
+        stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    return _wait(Server("mem0", f"http://127.0.0.1:{port}", port, proc, log), "/api/health", timeout_s)

@@ -1,0 +1,760 @@
+"""Mem0 OSS REST profile (self-hosted Mem0 server, mem0 repository ``server/main.py``, ``X-API-Key`` auth).
+
+Mapping of a Mem0 deployment onto the governance model
+-----------------------------------------------------
+Mem0 has no collections: one deployment is one store shared by every tenant. The sidecar names it
+``MEMWARDEN_MEM0_DEPLOYMENT`` (default ``default``) and uses it as the ledger's collection key:
+
+- ledger rows: ``(backend "mem0", collection <deployment>, row_id <Mem0 memory id>)``;
+  Cedar ``Memory::"mem0:<deployment>:<memory id>"`` (tenant, fleet, owner, scope from the ledger;
+  the optional ``user_id``/``run_id`` attributes carry Mem0's subject and session);
+- request-level actions (``list``, ``search``, ``delete_bulk``, ``admin``) act on the caller's tenant's
+  view of the deployment: ``Collection::"mem0:<deployment>/<tenant>"`` in ``Namespace::"<tenant>/<deployment>"``.
+
+Identity: Mem0's ``agent_id`` is the memwarden agent uid ``tenant/fleet/agent``. The sidecar sets it on
+every write; a client ``agent_id`` naming anyone else is 403. In requests the client may write it as the
+full uid, ``fleet/agent`` (own tenant) or ``agent`` (own fleet). ``user_id`` and ``run_id`` stay data.
+
+Governed metadata stamped into every row: ``mw_tenant, mw_fleet, mw_owner, mw_scope, mw_writer,
+mw_created_at, mw_readers`` (a list of agent uids). A client may request ``mw_scope``, ``mw_fleet`` and
+``mw_readers`` (``"fleet/agent,..."``) and nothing else under ``mw_``; the ledger stays the authority.
+
+Routes: every Mem0 route is mapped; ``/auth/*``, ``/api-keys``, ``/entities``, ``/requests`` are blocked
+(403); anything else is unmapped (404) and never forwarded. Mem0's ``/reset`` (every tenant's data) is
+never forwarded: ``POST /reset`` deletes the caller tenant's rows, per id, and needs ``admin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable
+
+from sidecar.backends.base import Route, match_routes
+from sidecar.config import Settings
+from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, UpstreamError
+from sidecar.exchange import Exchange
+from sidecar.governance import SCOPES, Principal, Row, agent_id, collection_entity, namespace_entity, ref
+from sidecar.ledger import Ledger, now_us
+from sidecar.stages.authorize import Authorizer
+from sidecar.stages.forward import Upstream
+
+BACKEND = "mem0"
+ID = "{memory_id}"
+
+ROUTES: list[tuple[str, tuple[str, ...], str]] = [
+    ("POST", ("memories",), "add"),
+    ("GET", ("memories",), "list"),
+    ("DELETE", ("memories",), "delete_all"),
+    ("GET", ("memories", ID), "get"),
+    ("PUT", ("memories", ID), "update"),
+    ("DELETE", ("memories", ID), "delete"),
+    ("GET", ("memories", ID, "history"), "history"),
+    ("POST", ("search",), "search"),
+    ("POST", ("reset",), "reset"),
+    ("GET", ("configure",), "configure_get"),
+    ("POST", ("configure",), "configure_set"),
+    ("GET", ("configure", "providers"), "providers"),
+    ("POST", ("generate-instructions",), "generate_instructions"),
+    # Mem0's own users, keys, entity listing and request logs: never through memwarden.
+    ("GET", ("auth", "setup-status"), "blocked"),
+    ("POST", ("auth", "register"), "blocked"),
+    ("POST", ("auth", "login"), "blocked"),
+    ("POST", ("auth", "refresh"), "blocked"),
+    ("GET", ("auth", "me"), "blocked"),
+    ("PATCH", ("auth", "me"), "blocked"),
+    ("POST", ("auth", "change-password"), "blocked"),
+    ("POST", ("auth", "onboarding-complete"), "blocked"),
+    ("GET", ("api-keys",), "blocked"),
+    ("POST", ("api-keys",), "blocked"),
+    ("DELETE", ("api-keys", "{key_id}"), "blocked"),
+    ("GET", ("entities",), "blocked"),
+    ("DELETE", ("entities", "{entity_type}", "{entity_id}"), "blocked"),
+    ("GET", ("requests",), "blocked"),
+]
+
+IDENTITY = ("user_id", "agent_id", "run_id")
+OPERATORS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains"}
+REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers")
+GOVERNED_PREFIX = "mw_"
+# Mem0 caps GET /memories at 1000 rows per call (server/main.py ALL_MEMORIES_LIMIT).
+LIST_LIMIT = 1000
+SEARCH_DEFAULT_TOP_K = 20  # Memory.search default
+LIST_DEFAULT_TOP_K = 20  # Memory.get_all default
+NOT_FOUND = "memory not found"
+
+Scalar = (str, int, float, bool)
+
+
+def _obj(body: Any) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _only(body: dict[str, Any], allowed: Iterable[str]) -> None:
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise BadRequest(f"unknown fields: {unknown}")
+
+
+def _int(value: Any, name: str, default: int, hi: int | None = None) -> int:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        if not value.isdigit():
+            raise BadRequest(f"{name} must be a non-negative integer")
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (hi is not None and value > hi):
+        raise BadRequest(f"{name} must be an integer in 0..{hi}" if hi else f"{name} must be a non-negative integer")
+    return value
+
+
+def _bool_param(value: str | None, name: str) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise BadRequest(f"{name} must be true or false")
+
+
+def _ident(value: Any, name: str) -> str:
+    """A Mem0 entity id value: a non-empty string without whitespace (Mem0's own rule)."""
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
+        raise BadRequest(f"{name} must be a non-empty string without whitespace")
+    return value.strip()
+
+
+class Filter:
+    """A client's Mem0 ``filters`` (plus deprecated top-level ids), compiled for pushdown.
+
+    ``pushed`` is sent to Mem0 (with the caller's visibility added by `Mem0Profile._search_filters`);
+    ``post`` are the identity-field operators Mem0 cannot evaluate (``ne``/``in``/``nin`` on
+    ``user_id``/``agent_id``/``run_id``), evaluated by the sidecar on every returned row. A filter that
+    cannot be expressed exactly is refused (400), never approximated.
+    """
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.identity_eq: dict[str, str] = {}
+        self.post: list[tuple[str, str, set[str]]] = []
+        self.any_of: list[dict[str, Any]] | None = None
+        self.none_of: list[dict[str, Any]] | None = None
+
+    def matches(self, row: dict[str, Any]) -> bool:
+        for field, op, values in self.post:
+            value = row.get(field)
+            if op == "in" and value not in values:
+                return False
+            if op in ("ne", "nin") and value in values:
+                return False
+        return True
+
+
+class Mem0Profile:
+    """Mem0 REST routes → Cedar actions, ledger updates and row filtering."""
+
+    name = BACKEND
+
+    def __init__(self, settings: Settings, upstream: Upstream, ledger: Ledger, authz: Authorizer) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.ledger = ledger
+        self.authz = authz
+        self.coll = settings.mem0_deployment
+
+    health_segments = ["configure", "providers"]
+
+    def match(self, method: str, segments: list[str]) -> Route | None:
+        return match_routes(ROUTES, method, segments)
+
+    async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
+        ex.operation = route.op
+        return await getattr(self, f"op_{route.op}")(ex, route.params)  # type: ignore[no-any-return]
+
+    # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _p(ex: Exchange) -> Principal:
+        assert ex.principal is not None
+        return ex.principal
+
+    def _require(self, ex: Exchange, action: str) -> None:
+        """Request-level decision on the caller's tenant's view of the deployment."""
+        p = self._p(ex)
+        coll = collection_entity(BACKEND, f"{self.coll}/{p.tenant}", p.tenant, self.coll)
+        self.authz.require(ex, action, coll, [namespace_entity(p.tenant, self.coll)])
+
+    def _agent_ref(self, p: Principal, value: Any, name: str = "agent_id") -> str:
+        """A client's agent reference → agent uid: ``t/f/a`` as is, ``f/a`` in the caller's tenant,
+        ``a`` in the caller's fleet."""
+        value = _ident(value, name)
+        parts = value.split("/")
+        if len(parts) == 3 and all(parts):
+            return value
+        if len(parts) == 2 and all(parts):
+            return agent_id(p.tenant, parts[0], parts[1])
+        if len(parts) == 1 and p.fleet:
+            return agent_id(p.tenant, p.fleet, value)
+        raise BadRequest(f"{name} must be tenant/fleet/agent, fleet/agent or an agent of your fleet")
+
+    def _tenant_agents(self, p: Principal) -> list[str]:
+        return sorted({agent_id(k.tenant, k.fleet, k.agent) for k in self.ledger.list_keys(p.tenant)
+                       if k.kind == "agent" and k.fleet and k.agent})
+
+    async def _call(self, method: str, segments: list[str], *, json_body: Any = None,
+                    params: dict[str, str] | None = None) -> Any:
+        """One Mem0 call. Mem0's 4xx come back as `BackendClientError` with its status and a sanitised
+        message (Mem0's own text is not echoed: it may quote stored content)."""
+        try:
+            return await self.upstream.call(method, segments, json_body=json_body, params=params)
+        except BackendClientError as exc:
+            raise BackendClientError(exc.status, f"Mem0 rejected the request ({exc.status})") from exc
+
+    def _servable(self, ids: list[str]) -> dict[str, Row]:
+        rows = self.ledger.get_rows(BACKEND, self.coll, ids)
+        return {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
+
+    def _readable_or_404(self, ex: Exchange, memory_id: str) -> Row:
+        """The ledger row of `memory_id` if the caller may read it; 404 (one message) otherwise."""
+        allowed = self.authz.readable(ex, BACKEND, self.coll, [memory_id])
+        if memory_id not in allowed:
+            ex.decision = "deny"
+            raise NotFound(NOT_FOUND)
+        ex.decision = "allow"
+        return self.ledger.get_rows(BACKEND, self.coll, [memory_id])[memory_id]
+
+    def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split client metadata into (plain, requested governance); 400 on other ``mw_`` or identity keys."""
+        if meta is None:
+            return {}, {}
+        if not isinstance(meta, dict):
+            raise BadRequest("metadata must be an object")
+        plain: dict[str, Any] = {}
+        requested: dict[str, Any] = {}
+        for key, value in meta.items():
+            if key.startswith(GOVERNED_PREFIX):
+                if key not in REQUESTABLE:
+                    raise BadRequest(f"metadata key {key!r} is governed by memwarden and cannot be set")
+                if not isinstance(value, str):
+                    raise BadRequest(f"{key} must be a string")
+                requested[key] = value
+            elif key in IDENTITY or key == "actor_id":
+                raise BadRequest(f"{key} cannot be set through metadata")
+            else:
+                plain[key] = value
+        if "mw_scope" in requested and requested["mw_scope"] not in SCOPES:
+            raise BadRequest(f"mw_scope must be one of {', '.join(SCOPES)}")
+        if "mw_fleet" in requested and (not requested["mw_fleet"] or "/" in requested["mw_fleet"] or ":" in requested["mw_fleet"]):
+            raise BadRequest("mw_fleet must be a fleet name of your tenant")
+        if "mw_readers" in requested:
+            readers = []
+            for item in filter(None, (s.strip() for s in requested["mw_readers"].split(","))):
+                fleet, sep, agent = item.partition("/")
+                if not sep or not fleet or not agent or "/" in agent:
+                    raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
+                readers.append(agent_id(p.tenant, fleet, agent))
+            requested["mw_readers"] = tuple(dict.fromkeys(readers))
+        return plain, requested
+
+    @staticmethod
+    def _stamp(plain: dict[str, Any], row: Row) -> dict[str, Any]:
+        out = dict(plain)
+        out.update({"mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
+                    "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_readers": list(row.readers)})
+        return out
+
+    @staticmethod
+    def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
+        new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+        new.scope = requested.get("mw_scope", row.scope)
+        new.fleet = requested.get("mw_fleet", row.fleet)
+        new.readers = requested.get("mw_readers", row.readers)
+        return new
+
+    def _decide_all(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[str]:
+        """Ids of `rows` Cedar denies for `action`."""
+        decisions = self.authz.decide_rows(ex, action, rows, contexts)
+        return [r.row_id for r, d in zip(rows, decisions) if not d.allowed]
+
+    # -- writes -----------------------------------------------------------------------------
+    async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        p = self._p(ex)
+        body = _obj(ex.body)
+        _only(body, ("messages", "user_id", "agent_id", "run_id", "metadata", "expiration_date", "infer",
+                     "memory_type", "prompt"))
+        if p.kind != "agent":
+            raise Forbidden("tenant admin keys cannot own memories; write with an agent key")
+        if body.get("agent_id") is not None and self._agent_ref(p, body["agent_id"]) != p.uid[1]:
+            ex.action, ex.decision = "write", "deny"
+            raise Forbidden("agent_id names another agent; memwarden sets agent_id to the caller")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("messages must be a non-empty list of {role, content} objects")
+        if body.get("memory_type") is not None:
+            raise BadRequest("memory_type (procedural memory) is not available through memwarden")
+        infer = body.get("infer")
+        if infer is not None and not isinstance(infer, bool):
+            raise BadRequest("infer must be a boolean")
+        infer = True if infer is None else infer  # Mem0's default
+        if infer and self.settings.mem0_infer == "refuse":
+            raise BadRequest("infer=true is refused by this memwarden deployment; send infer=false")
+        if not infer and body.get("prompt") is not None:
+            raise BadRequest("prompt is only used with infer=true")
+        cedar_attrs: dict[str, str] = {}
+        for key in ("user_id", "run_id"):
+            if body.get(key) is not None:
+                value = _ident(body[key], key)
+                if value == "*":
+                    raise BadRequest(f"{key} cannot be the wildcard '*'")
+                cedar_attrs[key] = value
+        plain, requested = self._requested(p, body.get("metadata"))
+        template = Row(
+            backend=BACKEND, collection=self.coll, row_id=f"pending:{ex.request_id}", tenant=p.tenant,
+            fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1], scope=requested.get("mw_scope", "fleet"),
+            writer=p.uid[1], created_at=now_us(), readers=requested.get("mw_readers", ()), request_id=ex.request_id,
+            extra={"cedar": cedar_attrs} if cedar_attrs else {},
+        )
+        denied = self._decide_all(ex, "write", [template])
+        if denied:
+            ex.action, ex.decision = "write", "deny"
+            raise Forbidden("write is not permitted")
+        candidates: dict[str, Row] = {}
+        if infer:
+            candidates = await self._confine_infer(ex, p, cedar_attrs)
+        ex.action, ex.decision = "write", "allow"
+        forwarded: dict[str, Any] = {"messages": messages, "agent_id": p.uid[1], "metadata": self._stamp(plain, template),
+                                     "infer": infer, **cedar_attrs}
+        for key in ("expiration_date", "prompt"):
+            if body.get(key) is not None:
+                forwarded[key] = body[key]
+        resp = await self._call("POST", ["memories"], json_body=forwarded)
+        if not isinstance(resp, dict) or not isinstance(resp.get("results"), list):
+            raise UpstreamError("unexpected backend answer")
+        return 200, self._record_events(ex, p, template, resp, candidates)
+
+    async def _confine_infer(self, ex: Exchange, p: Principal, attrs: dict[str, str]) -> dict[str, Row]:
+        """infer=true: Mem0's LLM may update or delete any memory matching the add's entity ids, i.e. the
+        caller's own rows (agent_id is always the caller) narrowed by user_id/run_id. Every such row must be
+        governed, live and updatable and deletable by the caller; otherwise the call cannot be confined (4xx)."""
+        q = {"agent_id": p.uid[1], **attrs, "top_k": str(LIST_LIMIT), "show_expired": "true"}
+        resp = await self._call("GET", ["memories"], params=q)
+        rows = self._results(resp)
+        if len(rows) >= LIST_LIMIT:
+            raise BadRequest("infer=true cannot be confined: too many memories in scope; send infer=false")
+        ids = [r["id"] for r in rows]
+        known = self._servable(ids)
+        if len(known) != len(set(ids)):
+            raise Conflict("infer=true cannot be confined: memories in scope are deleted or not governed; send infer=false")
+        batch = list(known.values())
+        if self._decide_all(ex, "update", batch) or self._decide_all(ex, "delete", batch):
+            ex.action, ex.decision = "update", "deny"
+            raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
+        return known
+
+    def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
+                       candidates: dict[str, Row]) -> dict[str, Any]:
+        """Ledger updates for Mem0's add events: ADD → new row (stamped governance), UPDATE → must be a
+        confined candidate, DELETE → tombstone. An event outside the confinement is tombstoned (fail closed)."""
+        added: list[Row] = []
+        out: list[dict[str, Any]] = []
+        tomb: list[str] = []
+        for event in resp["results"]:
+            if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]:
+                raise UpstreamError("unexpected backend answer")
+            kind = event.get("event")
+            mid = event["id"]
+            if kind == "ADD":
+                row = Row(**{f: getattr(template, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+                row.row_id = mid
+                added.append(row)
+                out.append(event)
+            elif kind == "DELETE":
+                tomb.append(mid)
+            elif kind == "UPDATE" and mid in candidates:
+                out.append(event)
+            elif kind == "NONE" and mid in candidates:
+                continue
+            else:
+                tomb.append(mid)  # Mem0 touched a row outside the confinement: never serve it again
+        if tomb:
+            self.ledger.tombstone(BACKEND, self.coll, tomb, p.uid[1], ex.request_id)
+            deleted = [e["id"] for e in resp["results"] if isinstance(e, dict) and e.get("event") == "DELETE"]
+            if deleted:
+                self.ledger.mark_backend_deleted(BACKEND, self.coll, deleted)
+        if added:
+            if self.ledger.reserve_rows(added):
+                raise UpstreamError("backend reused a memory id")
+            self.ledger.activate_rows(BACKEND, self.coll, [r.row_id for r in added])
+        ex.row_ids = [r.row_id for r in added]
+        ex.rows_allowed = len(out)
+        return {**resp, "results": out}
+
+    async def op_update(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        p = self._p(ex)
+        mid = params["memory_id"]
+        body = _obj(ex.body)
+        _only(body, ("text", "metadata", "expiration_date"))
+        if not body:
+            raise BadRequest("At least one of text, metadata, or expiration_date must be provided.")
+        if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
+            raise BadRequest("text must be a string")
+        plain, requested = self._requested(p, body.get("metadata"))
+        row = self._readable_or_404(ex, mid)
+        if self._decide_all(ex, "update", [row]):
+            ex.action, ex.decision = "update", "deny"
+            raise Forbidden("update is not permitted")
+        new = self._with_governance(row, requested)
+        moved = (new.scope, new.fleet, new.readers) != (row.scope, row.fleet, row.readers)
+        if moved:
+            ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
+            if self._decide_all(ex, "redistribute", [row], [ctx]):
+                ex.action, ex.decision = "redistribute", "deny"
+                raise Forbidden("redistribute is not permitted")
+        ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
+        forwarded = {k: body[k] for k in ("text", "expiration_date") if k in body}
+        if "metadata" in body or moved:
+            meta = dict(plain)
+            if moved:
+                meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers)})
+            forwarded["metadata"] = meta
+        result = await self._call("PUT", ["memories", mid], json_body=forwarded)
+        if moved:
+            self.ledger.update_governance([new])
+        return 200, result
+
+    # -- reads ------------------------------------------------------------------------------
+    async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        mid = params["memory_id"]
+        self._require(ex, "list")
+        self._readable_or_404(ex, mid)
+        try:
+            result = await self._call("GET", ["memories", mid])
+        except BackendClientError as exc:
+            if exc.status == 404:
+                raise NotFound(NOT_FOUND) from exc
+            raise
+        if result is None:  # Mem0 answers 200 null for a missing id
+            raise NotFound(NOT_FOUND)
+        if not isinstance(result, dict) or result.get("id") != mid:
+            raise UpstreamError("unexpected backend answer")
+        ex.row_ids = [mid]
+        return 200, result
+
+    async def op_history(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        mid = params["memory_id"]
+        self._require(ex, "list")
+        self._readable_or_404(ex, mid)
+        result = await self._call("GET", ["memories", mid, "history"])
+        if not isinstance(result, list):
+            raise UpstreamError("unexpected backend answer")
+        # Only this memory's own live entries: a DELETE entry (is_deleted) never leaves the sidecar.
+        entries = [e for e in result if isinstance(e, dict) and e.get("memory_id") == mid
+                   and not e.get("is_deleted") and e.get("event") != "DELETE"]
+        ex.row_ids = [mid]
+        return 200, entries
+
+    @staticmethod
+    def _results(resp: Any) -> list[dict[str, Any]]:
+        if not isinstance(resp, dict) or not isinstance(resp.get("results"), list):
+            raise UpstreamError("unexpected backend answer")
+        rows = resp["results"]
+        if not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in rows):
+            raise UpstreamError("unexpected backend answer")
+        return rows
+
+    async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
+        """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
+        the tenant, or for the one agent named), in Mem0's order, before row-level filtering."""
+        p = self._p(ex)
+        base: dict[str, str] = {"top_k": str(LIST_LIMIT), "show_expired": "true" if show_expired else "false"}
+        for key in ("user_id", "run_id"):
+            if query.get(key) not in (None, "*"):
+                base[key] = _ident(query[key], key)
+        named = query.get("agent_id")
+        if named not in (None, "*"):
+            agents = [self._agent_ref(p, named)]
+            if not agents[0].startswith(p.tenant + "/"):
+                return []  # another tenant's agent: nothing of it is visible here
+        else:
+            agents = self._tenant_agents(p)
+        answers = await asyncio.gather(*(self._call("GET", ["memories"], params={**base, "agent_id": a}) for a in agents))
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for resp in answers:
+            for row in self._results(resp):
+                if row["id"] not in seen:
+                    seen.add(row["id"])
+                    rows.append(row)
+        return rows
+
+    async def op_list(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "list")
+        q = ex.query
+        _only(q, ("user_id", "agent_id", "run_id", "top_k", "show_expired"))
+        named = any(q.get(k) not in (None, "*") for k in IDENTITY)
+        top_k = _int(q.get("top_k"), "top_k", LIST_DEFAULT_TOP_K if named else LIST_LIMIT, LIST_LIMIT)
+        show_expired = bool(_bool_param(q.get("show_expired"), "show_expired"))
+        rows = await self._list_rows(ex, q, show_expired)
+        allowed = self.authz.readable(ex, BACKEND, self.coll, [r["id"] for r in rows])
+        kept = [r for r in rows if r["id"] in allowed][:top_k]
+        ex.row_ids = [r["id"] for r in kept]
+        return 200, {"results": kept}
+
+    def _compile(self, p: Principal, filters: Any, top: dict[str, Any]) -> Filter:
+        """Validate the client's filters (Mem0's metadata-filter language) into a `Filter`."""
+        if filters is None:
+            filters = {}
+        if not isinstance(filters, dict):
+            raise BadRequest("filters must be an object")
+        f = Filter()
+        clauses: list[tuple[str, Any]] = []
+        for key, value in filters.items():
+            if key == "AND":
+                if not isinstance(value, list) or not value or not all(isinstance(c, dict) for c in value):
+                    raise BadRequest("AND must be a non-empty list of conditions")
+                for cond in value:
+                    clauses += [(k, v) for k, v in cond.items()]
+            elif key in ("OR", "NOT"):
+                if not isinstance(value, list) or not value or not all(isinstance(c, dict) and c for c in value):
+                    raise BadRequest(f"{key} must be a non-empty list of conditions")
+                items = [{k: self._simple(p, k, v) for k, v in cond.items()} for cond in value]
+                if key == "OR":
+                    f.any_of = items
+                else:
+                    f.none_of = items
+            else:
+                clauses.append((key, value))
+        for key, value in top.items():
+            if value is not None:
+                clauses.append((key, value))
+        for key, value in clauses:
+            self._clause(p, f, key, value)
+        return f
+
+    def _check_field(self, key: Any) -> None:
+        if not isinstance(key, str) or not key or key.startswith("$") or key in ("AND", "OR", "NOT"):
+            raise BadRequest(f"filter key {key!r} is not supported (nested logical operators cannot be expressed exactly)")
+        if key.startswith(GOVERNED_PREFIX):
+            raise BadRequest(f"{key} is governed by memwarden and cannot be filtered on")
+
+    def _simple(self, p: Principal, key: str, value: Any) -> Any:
+        """A condition inside OR/NOT: identity fields by plain equality only."""
+        self._check_field(key)
+        if key in IDENTITY:
+            if isinstance(value, dict) and set(value) == {"eq"}:
+                value = value["eq"]
+            if not isinstance(value, str) or value == "*":
+                raise BadRequest(f"{key} inside OR/NOT must be a plain id")
+            return self._agent_ref(p, value) if key == "agent_id" else _ident(value, key)
+        self._check_value(key, value)
+        return value
+
+    @staticmethod
+    def _check_value(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            if not value or not set(value) <= OPERATORS:
+                raise BadRequest(f"unsupported filter operator(s) for {key}: {sorted(set(value) - OPERATORS)}")
+            for op, v in value.items():
+                ok = (isinstance(v, list) and v and all(isinstance(x, Scalar) for x in v)) if op in ("in", "nin") \
+                    else isinstance(v, Scalar)
+                if not ok:
+                    raise BadRequest(f"bad value for {key}.{op}")
+        elif isinstance(value, list):
+            if not value or not all(isinstance(x, Scalar) for x in value):
+                raise BadRequest(f"bad value for {key}")
+        elif not isinstance(value, Scalar):
+            raise BadRequest(f"bad value for {key}")
+
+    def _clause(self, p: Principal, f: Filter, key: str, value: Any) -> None:
+        self._check_field(key)
+        self._check_value(key, value)
+        if key in IDENTITY:
+            norm = (lambda v: self._agent_ref(p, v)) if key == "agent_id" else (lambda v: _ident(v, key))  # noqa: E731
+            if value == "*":
+                return  # wildcard: no constraint; the caller's visibility still applies
+            if isinstance(value, list):
+                value = {"in": value}
+            if not isinstance(value, dict):
+                value = {"eq": value}
+            for op, v in value.items():
+                if op == "eq":
+                    if not isinstance(v, str):
+                        raise BadRequest(f"{key} must be a string id")
+                    ident = norm(v)
+                    if f.identity_eq.get(key, ident) != ident:
+                        raise BadRequest(f"conflicting conditions on {key}")
+                    f.identity_eq[key] = ident
+                elif op in ("ne", "in", "nin"):
+                    values = v if isinstance(v, list) else [v]
+                    if not all(isinstance(x, str) for x in values):
+                        raise BadRequest(f"{key} values must be string ids")
+                    f.post.append((key, op, {norm(x) for x in values}))
+                else:
+                    raise BadRequest(f"operator {op} is not supported on {key}")
+            return
+        if key not in f.fields:
+            f.fields[key] = value
+            return
+        old = f.fields[key]
+        a = old if isinstance(old, dict) else {"eq": old} if not isinstance(old, list) else {"in": old}
+        b = value if isinstance(value, dict) else {"eq": value} if not isinstance(value, list) else {"in": value}
+        if set(a) & set(b):
+            raise BadRequest(f"conflicting conditions on {key} cannot be expressed exactly")
+        f.fields[key] = {**a, **b}
+
+    def _search_filters(self, p: Principal, f: Filter) -> dict[str, Any]:
+        """Mem0 ``filters``: the client's conditions AND the caller's visibility (tenant always; the scope
+        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope and the client used no ``OR``)."""
+        out: dict[str, Any] = dict(f.identity_eq)
+        if not any(k in out for k in IDENTITY):
+            out["agent_id"] = "*"  # Mem0 requires one entity key; "*" constrains nothing
+        out.update(f.fields)
+        out["mw_tenant"] = p.tenant
+        if f.any_of is not None:
+            out["OR"] = f.any_of
+        elif self.settings.pushdown == "scope" and p.kind == "agent":
+            me = p.uid[1]
+            fleet: dict[str, Any] = {"mw_scope": "fleet"} if p.trust >= 2 else {"mw_scope": "fleet", "mw_fleet": p.fleet}
+            out["OR"] = [{"mw_scope": "agent", "mw_owner": me}, fleet, {"mw_scope": "tenant"},
+                         {"mw_scope": "restricted", "mw_readers": me}]
+        if f.none_of is not None:
+            out["NOT"] = f.none_of
+        return out
+
+    async def op_search(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        p = self._p(ex)
+        self._require(ex, "search")
+        body = _obj(ex.body)
+        _only(body, ("query", "filters", "top_k", "threshold", "explain", "show_expired", *IDENTITY))
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise BadRequest("query must be a non-empty string")
+        k = _int(body.get("top_k"), "top_k", SEARCH_DEFAULT_TOP_K)
+        compiled = self._compile(p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
+        if k == 0:
+            return 200, {"results": []}
+        req: dict[str, Any] = {"query": query, "filters": self._search_filters(p, compiled)}
+        for key in ("threshold", "explain", "show_expired"):
+            if body.get(key) is not None:
+                req[key] = body[key]
+        fetch = max(k * self.settings.overfetch_factor, 1)
+        decided: dict[str, bool] = {}
+        while True:
+            rows = self._results(await self._call("POST", ["search"], json_body={**req, "top_k": fetch}))
+            matching = [r for r in rows if compiled.matches(r)]
+            wanted = [r["id"] for r in matching if r["id"] not in decided]
+            if wanted:
+                allowed = self.authz.readable(ex, BACKEND, self.coll, wanted)
+                decided.update({i: i in allowed for i in wanted})
+            kept = [r for r in matching if decided[r["id"]]]
+            if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:
+                break
+            fetch = min(fetch * 2, self.settings.max_scan_rows)  # refill: Mem0 search has no offset
+        kept = kept[:k]
+        ex.row_ids = [r["id"] for r in kept]
+        return 200, {"results": kept}
+
+    # -- deletes ----------------------------------------------------------------------------
+    async def _delete_ids(self, ex: Exchange, ids: list[str]) -> list[str]:
+        """Tombstone (durably, first) then delete in Mem0, per id; returns the ids deleted."""
+        p = self._p(ex)
+        if not ids:
+            return []
+        self.ledger.tombstone(BACKEND, self.coll, ids, p.uid[1], ex.request_id)
+        done: list[str] = []
+        try:
+            for mid in ids:
+                try:
+                    await self._call("DELETE", ["memories", mid])
+                except BackendClientError as exc:
+                    if exc.status != 404:  # already gone in Mem0: the delete is done
+                        raise
+                done.append(mid)
+        finally:
+            if done:
+                self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
+        return done
+
+    async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        mid = params["memory_id"]
+        row = self._servable([mid]).get(mid)
+        # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
+        # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
+        if row is None or self._decide_all(ex, "delete", [row]):
+            ex.action, ex.decision = "delete", "deny"
+            if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid]):
+                raise Forbidden("delete is not permitted")
+            raise NotFound(NOT_FOUND)
+        ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
+        await self._delete_ids(ex, [mid])
+        return 200, {"message": "Memory deleted successfully"}
+
+    async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
+        ids = [r["id"] for r in rows]
+        known = self._servable(ids)
+        candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
+        denied = set(self._decide_all(ex, "delete", candidates))
+        allowed = [r.row_id for r in candidates if r.row_id not in denied]
+        ex.action, ex.row_ids = "delete", allowed[:20]
+        ex.rows_allowed, ex.rows_denied = len(allowed), len(set(ids)) - len(allowed)
+        ex.decision = "allow" if allowed or not ids else "deny"
+        return len(await self._delete_ids(ex, allowed))
+
+    async def op_delete_all(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "delete_bulk")
+        q = ex.query
+        _only(q, IDENTITY)
+        if not any(q.get(k) not in (None, "*") for k in IDENTITY):
+            raise BadRequest("At least one identifier is required.")
+        rows = await self._list_rows(ex, q, show_expired=True)
+        n = await self._delete_matching(ex, rows)
+        return 200, {"message": "All relevant memories deleted", "deleted": n}
+
+    async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        # Mem0's /reset drops every tenant's memories: never forwarded. A tenant admin resets its tenant.
+        self._require(ex, "admin")
+        rows = await self._list_rows(ex, {}, show_expired=True)
+        n = await self._delete_matching(ex, rows)
+        return 200, {"message": "All memories reset", "deleted": n}
+
+    # -- deployment configuration and the rest ------------------------------------------------
+    async def op_configure_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "admin")
+        return 200, await self._call("GET", ["configure"])
+
+    async def op_configure_set(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "admin")
+        return 200, await self._call("POST", ["configure"], json_body=_obj(ex.body))
+
+    async def op_providers(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "list")
+        return 200, await self._call("GET", ["configure", "providers"])
+
+    async def op_generate_instructions(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        self._require(ex, "admin")  # spends the deployment's LLM budget
+        body = _obj(ex.body)
+        _only(body, ("use_case",))
+        return 200, await self._call("POST", ["generate-instructions"], json_body=body)
+
+    async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        ex.action = "admin"
+        raise Forbidden("this operation is not available through memwarden")
+
+    async def reconcile(self) -> int:
+        """Retry Mem0 deletes of tombstones not yet confirmed; returns how many were confirmed."""
+        done: list[str] = []
+        for collection_id, row_id in self.ledger.pending_tombstones(BACKEND):
+            if collection_id != self.coll:
+                continue
+            try:
+                await self._call("DELETE", ["memories", row_id])
+            except BackendClientError as exc:
+                if exc.status != 404:
+                    raise
+            done.append(row_id)
+        if done:
+            self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
+        return len(done)
