@@ -132,8 +132,15 @@ def ledger_migrate(
 def demo(
     workdir: Optional[Path] = typer.Option(None, help="keep state here (default: a temp dir)"),
     probe: bool = typer.Option(True, help="also run a small probe (direct vs sidecar side by side)"),
+    backend: str = typer.Option("chroma", help="chroma, or mem0 (our Mem0 REST server on the real mem0ai Memory)"),
 ) -> None:
     """Start Chroma and the sidecar, run the multi-agent scenario, print what each principal saw."""
+    if backend == "mem0":
+        from sidecar.demo_mem0 import run_mem0_demo
+
+        raise typer.Exit(run_mem0_demo(workdir))
+    if backend != "chroma":
+        raise typer.BadParameter("backend must be chroma or mem0")
     from sidecar.demo import run_demo
 
     raise typer.Exit(run_demo(workdir, probe=probe))
