@@ -47,7 +47,7 @@ def run_mem0_demo(workdir: Path | None = None, console: Console | None = None) -
         console.print(f"memwarden sidecar on {sidecar.url} (backend mem0), policies from {POLICIES}")
 
         def http(key: str) -> httpx.Client:
-            return httpx.Client(base_url=sidecar.url, headers={"X-API-Key": key}, timeout=60, trust_env=False)  # type: ignore[union-attr]
+            return httpx.Client(base_url=sidecar.url, headers={"X-API-Key": key}, timeout=60, trust_env=False)
 
         ids: dict[str, str] = {}  # scenario row name -> Mem0 id
         written: dict[str, list[tuple[str, str, dict[str, Any], str]]] = {}
@@ -80,8 +80,8 @@ def run_mem0_demo(workdir: Path | None = None, console: Console | None = None) -
                         hits = h.post("/search", json={"query": text, "top_k": len(MEMORIES), "threshold": 0.0}).json()["results"]
                         seen_query |= {back.get(r["id"], r["id"]) for r in hits}
                     probes = {h.get(f"/memories/{ids[f'{other}-m{i}']}").status_code for i in range(len(MEMORIES))}
-                trust = "admin" if name == "admin" else str(principal.trust)
-                outcomes.append(Outcome(f"{tenant}/{name}", trust, expected, seen_get, seen_query, len(listed),
+                label = "admin" if name == "admin" else str(principal.trust)
+                outcomes.append(Outcome(f"{tenant}/{name}", label, expected, seen_get, seen_query, len(listed),
                                         404 if probes == {404} else max(probes)))
         _print(console, outcomes)
         failed = [o for o in outcomes if not o.ok]

@@ -190,14 +190,14 @@ class Mem0Profile:
     def _agent_ref(self, p: Principal, value: Any, name: str = "agent_id") -> str:
         """A client's agent reference → agent uid: ``t/f/a`` as is, ``f/a`` in the caller's tenant,
         ``a`` in the caller's fleet."""
-        value = _ident(value, name)
-        parts = value.split("/")
+        text = _ident(value, name)
+        parts = text.split("/")
         if len(parts) == 3 and all(parts):
-            return value
+            return text
         if len(parts) == 2 and all(parts):
             return agent_id(p.tenant, parts[0], parts[1])
         if len(parts) == 1 and p.fleet:
-            return agent_id(p.tenant, p.fleet, value)
+            return agent_id(p.tenant, p.fleet, text)
         raise BadRequest(f"{name} must be tenant/fleet/agent, fleet/agent or an agent of your fleet")
 
     def _tenant_agents(self, p: Principal) -> list[str]:
@@ -268,7 +268,7 @@ class Mem0Profile:
 
     @staticmethod
     def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
-        new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+        new = Row(**{f: getattr(row, f) for f in Row.__slots__})
         new.scope = requested.get("mw_scope", row.scope)
         new.fleet = requested.get("mw_fleet", row.fleet)
         new.readers = requested.get("mw_readers", row.readers)
@@ -367,7 +367,7 @@ class Mem0Profile:
             kind = event.get("event")
             mid = event["id"]
             if kind == "ADD":
-                row = Row(**{f: getattr(template, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+                row = Row(**{f: getattr(template, f) for f in Row.__slots__})
                 row.row_id = mid
                 added.append(row)
                 out.append(event)
@@ -414,7 +414,7 @@ class Mem0Profile:
                 ex.action, ex.decision = "redistribute", "deny"
                 raise Forbidden("redistribute is not permitted")
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
-        forwarded = {k: body[k] for k in ("text", "expiration_date") if k in body}
+        forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         if "metadata" in body or moved:
             meta = dict(plain)
             if moved:
@@ -460,7 +460,7 @@ class Mem0Profile:
     def _results(resp: Any) -> list[dict[str, Any]]:
         if not isinstance(resp, dict) or not isinstance(resp.get("results"), list):
             raise UpstreamError("unexpected backend answer")
-        rows = resp["results"]
+        rows: list[dict[str, Any]] = resp["results"]
         if not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in rows):
             raise UpstreamError("unexpected backend answer")
         return rows
@@ -572,7 +572,9 @@ class Mem0Profile:
         self._check_field(key)
         self._check_value(key, value)
         if key in IDENTITY:
-            norm = (lambda v: self._agent_ref(p, v)) if key == "agent_id" else (lambda v: _ident(v, key))  # noqa: E731
+            def norm(v: Any) -> str:
+                return self._agent_ref(p, v) if key == "agent_id" else _ident(v, key)
+
             if value == "*":
                 return  # wildcard: no constraint; the caller's visibility still applies
             if isinstance(value, list):

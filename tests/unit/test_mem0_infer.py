@@ -97,3 +97,24 @@ def test_infer_refuse_setting_and_errors(tmp_path: Path) -> None:
     fake.status = 422
     r = client.post("/memories", json={**ADD, "infer": False}, headers={"X-API-Key": key})
     assert r.status_code == 422 and "boom" not in r.text
+
+
+def test_backend_timeout_and_garbage(tmp_path: Path) -> None:
+    def timeout(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    ledger = SQLiteLedger(tmp_path / "t.db")
+    app = create_app(Settings(policies_dir=POLICIES, backend_url="http://mem0:9", backend="mem0"),
+                     transport=httpx.MockTransport(timeout), ledger=ledger)
+    _, key = ledger.create_key("agent", "t", "red", "a", 1)
+    client = TestClient(app)
+    r = client.post("/search", json={"query": "x"}, headers={"X-API-Key": key})
+    assert r.status_code == 504 and "results" not in r.text
+
+    garbage = SQLiteLedger(tmp_path / "g.db")
+    app = create_app(Settings(policies_dir=POLICIES, backend_url="http://mem0:9", backend="mem0"),
+                     transport=httpx.MockTransport(lambda req: httpx.Response(200, json={"results": [{"no": "id"}]})),
+                     ledger=garbage)
+    _, key = garbage.create_key("agent", "t", "red", "a", 1)
+    r = TestClient(app).post("/search", json={"query": "x"}, headers={"X-API-Key": key})
+    assert r.status_code == 502 and "results" not in r.text
