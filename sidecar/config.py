@@ -44,6 +44,13 @@ class Settings(BaseSettings):
         description="visibility filter sent to the backend: the reference scope predicate "
         "(sound when policy-check proves Inv-Scope) or the tenant only",
     )
+    deletion_closure: Literal["cascade", "redact"] = Field(
+        default="cascade",
+        description="rows derived from a deleted row: tombstoned too (cascade) or kept with the link "
+        "shown as a redacted placeholder in lineage (redact); copies of the content are always tombstoned",
+    )
+    reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
+    failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
     query_plan: Literal["pushdown", "postfilter-first"] = Field(
         default="pushdown",
         description="query: always AND the visibility filter (pushdown), or first try one unfiltered "

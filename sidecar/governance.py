@@ -125,6 +125,15 @@ class Row:
     predicate: str | None = None
     object: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Provenance and supersession (DESIGN.md §4). `derived_from` holds (collection, row id) parents;
+    # `single_valued` marks a triple whose predicate is declared single-valued (policies/single_valued.txt).
+    source: str = ""
+    derived_from: tuple[tuple[str, str], ...] = ()
+    single_valued: bool = False
+    supersedes: tuple[str, str] | None = None  # (collection, row id) this row replaced
+    superseded_by: tuple[str, str] | None = None
+    superseded_at: int | None = None
+    content_hmac: str | None = None
 
     @property
     def uid(self) -> tuple[str, str]:

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
+
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
 from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import SCOPES, Principal, Row, agent_id, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
+from sidecar.provenance import content_digest, load_single_valued
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
@@ -64,8 +67,11 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 # Governed metadata keys. The client may request the first three; the sidecar stamps all of them.
-REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers")
-STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers")
+REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers", "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
+# Requestable on a new row only (provenance and the triple are fixed once written).
+WRITE_ONCE = ("mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
+STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_source",
+           "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
 GOVERNED_PREFIX = "mw_"
 READER_PREFIX = "mw_r:"
 
@@ -106,8 +112,13 @@ def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
     out = dict(metadata or {})
     out.update({
         "mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
-        "mw_writer": row.writer, "mw_created_at": row.created_at,
+        "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_source": row.source,
     })
+    if row.derived_from:
+        out["mw_derived_from"] = ",".join(r for _, r in row.derived_from)
+    for name in ("subject", "predicate", "object"):
+        if getattr(row, name) is not None:
+            out[f"mw_{name}"] = getattr(row, name)
     if row.readers:
         out["mw_readers"] = ",".join(row.readers)
         for reader in row.readers:
@@ -168,6 +179,8 @@ class ChromaProfile:
         self.upstream = upstream
         self.ledger = ledger
         self.authz = authz
+        self.single_valued = load_single_valued(settings.policies_dir)
+        self.content_key = ledger.content_key()
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
@@ -381,15 +394,30 @@ class ChromaProfile:
                     raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
                 readers.append(agent_id(p.tenant, fleet, agent))
             requested["mw_readers"] = tuple(dict.fromkeys(readers))
+        if "mw_derived_from" in requested:
+            parents = [x.strip() for x in requested["mw_derived_from"].split(",") if x.strip()]
+            if not parents:
+                raise BadRequest("mw_derived_from must name at least one parent id")
+            requested["mw_derived_from"] = tuple(dict.fromkeys(parents))
+        triple = [k for k in ("mw_subject", "mw_predicate", "mw_object") if k in requested]
+        if triple and len(triple) != 3:
+            raise BadRequest("a triple needs mw_subject, mw_predicate and mw_object")
         return plain, requested
 
-    def _new_row(self, ex: Exchange, rec: CollectionRecord, row_id: str, requested: dict[str, Any]) -> Row:
+    def _new_row(self, ex: Exchange, rec: CollectionRecord, row_id: str, requested: dict[str, Any],
+                 document: Any) -> Row:
         p = self._p(ex)
+        predicate = requested.get("mw_predicate")
         return Row(
             backend=BACKEND, collection=rec.collection_id, row_id=row_id, tenant=p.tenant,
             fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1],
             scope=requested.get("mw_scope", "fleet"), writer=p.uid[1], created_at=now_us(),
             readers=requested.get("mw_readers", ()), request_id=ex.request_id,
+            source=f"{BACKEND}:{ex.operation}:{ex.request_id}",
+            derived_from=tuple((rec.collection_id, parent) for parent in requested.get("mw_derived_from", ())),
+            subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),
+            single_valued=predicate in self.single_valued,
+            content_hmac=content_digest(self.content_key, document) if isinstance(document, str) else None,
         )
 
     def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
@@ -418,6 +446,7 @@ class ChromaProfile:
         if p.kind != "agent" and op != "update":
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
         split = [self._requested(p, metas[i] if metas else None) for i in range(len(ids))]
+        documents = body.get("documents") or [None] * len(ids)
 
         known = self.ledger.get_rows(BACKEND, rec.collection_id, ids)
         if op == "add" and known:
@@ -446,19 +475,28 @@ class ChromaProfile:
         for i, row_id in enumerate(ids):
             requested = split[i][1]
             if row_id in known:
+                if any(k in requested for k in WRITE_ONCE):
+                    raise BadRequest("provenance and triples are fixed once written; write a new row instead")
                 row = known[row_id]
                 checks.append(("update", row, None))
                 moved = self._redistributed(p, row, requested)
-                if moved is not None:
-                    checks.append(("redistribute", row, moved[1]))
-                    final[row_id] = moved[0]
-                    changed.append(moved[0])
+                new_text = isinstance(documents[i], str)
+                if moved is not None or new_text:
+                    updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+                    if moved is not None:
+                        checks.append(("redistribute", row, moved[1]))
+                    if new_text:
+                        updated.content_hmac = content_digest(self.content_key, documents[i])
+                    final[row_id] = updated
+                    changed.append(updated)
                 else:
                     final[row_id] = row
             else:
-                row = self._new_row(ex, rec, row_id, requested)
+                row = self._new_row(ex, rec, row_id, requested, documents[i])
                 checks.append(("write", row, None))
                 final[row_id] = row
+        self._check_parents(ex, rec, [final[i] for i in new_ids])
+        self._check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str)])
         for action in ("write", "update", "redistribute"):
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
             if not batch:
@@ -486,11 +524,38 @@ class ChromaProfile:
         except BaseException:
             self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
             raise
+        if "activate" in self.settings.failpoints:
+            _crash()
         self.ledger.activate_rows(BACKEND, rec.collection_id, new_ids)
         if changed:
             self.ledger.update_governance(changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
+
+    def _check_parents(self, ex: Exchange, rec: CollectionRecord, rows: list[Row]) -> None:
+        """Every named parent must exist and be readable by the writer (else 403, existence not revealed)."""
+        parents = list(dict.fromkeys(pid for row in rows for _, pid in row.derived_from))
+        if not parents:
+            return
+        readable = self.authz.readable(ex, BACKEND, rec.collection_id, parents, include_superseded=True)
+        if len(readable) != len(parents):
+            ex.decision = "deny"
+            raise Forbidden("derived_from names a memory you cannot read")
+
+    def _check_forgotten(self, ex: Exchange, rows: list[Row]) -> None:
+        """Content of a deleted row may not come back (409) unless policy lets this writer `reassert` it."""
+        p = self._p(ex)
+        digests = [r.content_hmac for r in rows if r.content_hmac]
+        if not digests:
+            return
+        hits = self.ledger.forgotten(p.tenant, digests)
+        flagged = [r for r in rows if r.content_hmac in hits]
+        if not flagged:
+            return
+        decisions = self.authz.decide_rows(ex, "reassert", flagged)
+        if not all(d.allowed for d in decisions):
+            ex.decision = "deny"
+            raise Conflict("this content was deleted and may not be written again")
 
     async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         return await self._write(ex, params, "add")
@@ -502,6 +567,38 @@ class ChromaProfile:
         return await self._write(ex, params, "update")
 
     # -- reads ------------------------------------------------------------------------------
+    def _history_view(self, ex: Exchange) -> tuple[bool, int | None]:
+        """``?include_superseded=true`` and ``?as_of=<UTC µs>`` (both still under the read policy)."""
+        flag = ex.query.get("include_superseded", "false")
+        if flag not in ("true", "false"):
+            raise BadRequest("include_superseded must be true or false")
+        as_of = ex.query.get("as_of")
+        if as_of is not None and not as_of.isdigit():
+            raise BadRequest("as_of must be a UTC timestamp in microseconds")
+        return flag == "true", int(as_of) if as_of is not None else None
+
+    def _keep(self, ex: Exchange, rec: CollectionRecord) -> Any:
+        include_superseded, as_of = self._history_view(ex)
+        return lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of)
+
+    def _decorate(self, rec: CollectionRecord, rows: list[dict[str, Any]]) -> None:
+        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` (and their collections) to returned metadata."""
+        with_meta = [r for r in rows if isinstance(r.get("metadatas"), dict)]
+        if not with_meta:
+            return
+        ledger_rows = self.ledger.get_rows(BACKEND, rec.collection_id, [r["ids"] for r in with_meta])
+        for r in with_meta:
+            lr = ledger_rows.get(r["ids"])
+            if lr is None:
+                continue
+            meta = dict(r["metadatas"])
+            for name, pair in (("supersedes", lr.supersedes), ("superseded_by", lr.superseded_by)):
+                if pair is not None:
+                    meta[f"mw_{name}_id" if name == "supersedes" else "mw_superseded_by"] = pair[1]
+                    if pair[0] != rec.collection_id:
+                        meta[f"mw_{name}_collection"] = pair[0]
+            r["metadatas"] = meta
+
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):
             raise BadRequest("where must be an object")
@@ -566,9 +663,9 @@ class ChromaProfile:
             raise BadRequest("where must be an object")
         rows, included = await self._scan(
             ex, rec, ids=ids, where=where, where_document=body.get("where_document"),
-            include=include, offset=offset, limit=limit,
-            keep=lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch),
+            include=include, offset=offset, limit=limit, keep=self._keep(ex, rec),
         )
+        self._decorate(rec, rows)
         template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
         ex.row_ids = [r["ids"] for r in rows]
         return 200, self._rows_to_columns(rows, template, included)
@@ -577,7 +674,7 @@ class ChromaProfile:
         rec = self._require_collection(ex, params, "list")
         rows, _ = await self._scan(
             ex, rec, ids=None, where=self._where(ex, None), where_document=None, include=[], offset=0, limit=None,
-            keep=lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch),
+            keep=self._keep(ex, rec),
         )
         return 200, len(rows)
 
@@ -598,6 +695,7 @@ class ChromaProfile:
         # "postfilter-first": one unfiltered over-fetch first; if it already holds k readable rows they are
         # the true top k (no readable row can rank above a fetched one). Otherwise refill with pushdown.
         first_where = client_where if self.settings.query_plan == "postfilter-first" else where
+        keep = self._keep(ex, rec)
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
@@ -609,7 +707,7 @@ class ChromaProfile:
             for j in range(len(pending)):
                 sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
                 per_query.append(_columns_to_rows(sub, len(resp["ids"][j])))
-            taken = self._first_readable(ex, rec, per_query, k)
+            taken = self._first_readable(ex, rec, per_query, k, keep)
             still: list[int] = []
             for j, i in enumerate(pending):
                 exhausted = len(per_query[j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
@@ -625,6 +723,7 @@ class ChromaProfile:
         out: dict[str, Any] = {}
         keys = set()
         for rows in final.values():
+            self._decorate(rec, rows)
             for r in rows:
                 keys.update(r.keys())
         include = body.get("include")
@@ -640,7 +739,7 @@ class ChromaProfile:
         return 200, out
 
     def _first_readable(self, ex: Exchange, rec: CollectionRecord, ranked: list[list[dict[str, Any]]],
-                        k: int) -> list[list[dict[str, Any]]]:
+                        k: int, keep: Any) -> list[list[dict[str, Any]]]:
         """For each ranked candidate list, its first `k` readable rows (rank order kept).
 
         Rows are decided lazily, in batched windows of at most `k` undecided rows per list, so an
@@ -662,7 +761,7 @@ class ChromaProfile:
             wanted = list(dict.fromkeys(wanted))
             if not wanted:
                 return taken
-            allowed = self.authz.readable(ex, BACKEND, rec.collection_id, wanted)
+            allowed = keep(wanted)
             decided.update({i: i in allowed for i in wanted})
 
     # -- deletes ----------------------------------------------------------------------------
@@ -697,23 +796,65 @@ class ChromaProfile:
         ex.decision = "allow" if allowed or not candidate_ids else "deny"
         if not allowed:
             return 200, {"deleted": 0}
-        self.ledger.tombstone(BACKEND, rec.collection_id, allowed, p.uid[1], ex.request_id)
-        await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": allowed})
-        self.ledger.mark_backend_deleted(BACKEND, rec.collection_id, allowed)
+        # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
+        # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
+        digests = [r.content_hmac for r in rows if r.row_id in set(allowed) and r.content_hmac]
+        copies = [c for c in self.ledger.content_copies(BACKEND, p.tenant, digests)
+                  if (c.collection, c.row_id) not in {(rec.collection_id, a) for a in allowed}] if digests else []
+        copy_ok = self.authz.decide_rows(ex, "delete", copies)
+        also = [(c.collection, c.row_id) for c, d in zip(copies, copy_ok) if d.allowed]
+        closed = self.ledger.tombstone(BACKEND, rec.collection_id, allowed, p.uid[1], ex.request_id,
+                                       closure=self.settings.deletion_closure, also=also)
+        if "after-tombstone" in self.settings.failpoints:
+            _crash()
+        await self._backend_delete(closed)
         return 200, {"deleted": len(allowed)}
 
-    async def reconcile(self) -> int:
-        """Retry backend deletes of tombstones not yet confirmed; returns how many were confirmed."""
-        done = 0
+    async def _backend_delete(self, keys: list[tuple[str, str]]) -> int:
+        """Delete tombstoned rows from Chroma, grouped by collection; confirms each group in the ledger."""
         by_collection: dict[str, list[str]] = {}
-        for collection_id, row_id in self.ledger.pending_tombstones(BACKEND):
+        for collection_id, row_id in keys:
             by_collection.setdefault(collection_id, []).append(row_id)
+        done = 0
         for collection_id, row_ids in by_collection.items():
             rec = self.ledger.get_collection(BACKEND, collection_id)
-            if rec is None:
-                self.ledger.mark_backend_deleted(BACKEND, collection_id, row_ids)
-                continue
-            await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
+            if rec is not None:
+                await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
             self.ledger.mark_backend_deleted(BACKEND, collection_id, row_ids)
             done += len(row_ids)
         return done
+
+    async def reconcile(self) -> int:
+        """Retry backend deletes of tombstones not yet confirmed, then look for tombstoned rows that
+        reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
+        alert and deleted again. They are never served either way (the ledger says deleted).
+        Returns the number of backend deletes issued."""
+        done = await self._backend_delete(self.ledger.pending_tombstones(BACKEND))
+        after = ("", "")
+        while True:
+            batch = self.ledger.backend_deleted_tombstones(BACKEND, after)
+            if not batch:
+                return done
+            after = batch[-1]
+            by_collection: dict[str, list[str]] = {}
+            for collection_id, row_id in batch:
+                by_collection.setdefault(collection_id, []).append(row_id)
+            for collection_id, row_ids in by_collection.items():
+                rec = self.ledger.get_collection(BACKEND, collection_id)
+                if rec is None:
+                    continue
+                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []})
+                back = present.get("ids") if isinstance(present, dict) else None
+                if back:
+                    structlog.get_logger("memwarden.reconciler").warning(
+                        "tombstoned_rows_reappeared", backend=BACKEND, collection=collection_id, row_ids=back[:20], count=len(back))
+                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": back})
+                    done += len(back)
+
+
+def _crash() -> None:
+    """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -35,6 +35,15 @@ from psycopg_pool import ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id
 from sidecar.ledger.base import CollectionRecord, KeyRecord, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.sqlite import (
+    _N_ROW_COLUMNS,
+    _ROW_COLUMNS,
+    MIGRATION_2_PROVENANCE,
+    _closure_tombstone,
+    _row_from_db,
+    _row_to_db,
+    _walk_lineage,
+)
 
 # Each entry migrates from version i to i+1. Version 1 is the SQLite schema with BIGINT times.
 MIGRATIONS: list[str] = [
@@ -70,36 +79,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX tombstones_pending ON tombstones (backend) WHERE backend_deleted_at IS NULL;
     CREATE INDEX collections_namespace ON collections (backend, tenant, database) WHERE deleted_at IS NULL;
     """,
+    # Version 2: provenance, supersession and content closure (same as SQLite's, BIGINT times).
+    MIGRATION_2_PROVENANCE.replace("superseded_at INTEGER", "superseded_at BIGINT").replace("deleted_at INTEGER", "deleted_at BIGINT"),
 ]
 
-_ROW_COLUMNS = (
-    "backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
-    "created_at, updated_at, request_id, subject, predicate, object, extra"
-)
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 class SchemaOutOfDate(RuntimeError):
     """The database schema is older than this code and migrations at open are disabled."""
-
-
-def _row_from_db(r: dict[str, Any]) -> Row:
-    return Row(
-        backend=r["backend"], collection=r["collection_id"], row_id=r["row_id"], tenant=r["tenant"],
-        fleet=r["fleet"], owner=r["owner"], scope=r["scope"], writer=r["writer"], created_at=r["created_at"],
-        status=r["status"], readers=tuple(json.loads(r["readers"])), labels=tuple(json.loads(r["labels"])),
-        request_id=r["request_id"], subject=r["subject"], predicate=r["predicate"], object=r["object"],
-        extra=json.loads(r["extra"]),
-    )
-
-
-def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
-    return (
-        row.backend, row.collection, row.row_id, row.tenant, row.fleet, row.owner, row.scope,
-        json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.status, row.writer,
-        row.created_at, updated_at, row.request_id, row.subject, row.predicate, row.object, json.dumps(row.extra),
-    )
 
 
 def _check_idle(conn: psycopg.Connection[Any]) -> None:
@@ -344,7 +333,7 @@ class PostgresLedger:
                     row.status = "pending"
                 cur = db.cursor()
                 cur.executemany(
-                    f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join(['%s'] * 18)}) ON CONFLICT DO NOTHING RETURNING row_id",
+                    f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join(['%s'] * _N_ROW_COLUMNS)}) ON CONFLICT DO NOTHING RETURNING row_id",
                     [_row_to_db(row, t) for row in rows], returning=True,
                 )
                 inserted: set[str] = set()
@@ -356,22 +345,52 @@ class PostgresLedger:
                 taken = [i for i in ids if i not in inserted]
                 if taken:
                     raise _Rollback(taken)
+                edges = [(r.backend, r.collection, r.row_id, pc, pr) for r in rows for pc, pr in r.derived_from]
+                if edges:
+                    db.cursor().executemany("INSERT INTO lineage VALUES (%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING", edges)
         except _Rollback as rb:
             for row, status in zip(rows, statuses):
                 row.status = status  # as SQLite: the objects are left untouched on conflict
             return list(rb.value)
         return []
 
-    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> list[tuple[str, tuple[str, str]]]:
+        """As `SQLiteLedger.activate_rows`. Concurrent activations of one (tenant, subject, predicate)
+        are serialised by a transaction-scoped advisory lock on that key; the partial unique index
+        ``rows_one_active_fact`` is the constraint behind it."""
+        t = now_us()
+        replaced: list[tuple[str, tuple[str, str]]] = []
         with self._tx() as db:
-            db.execute(
-                "UPDATE rows SET status = 'active' WHERE backend = %s AND collection_id = %s AND status = 'pending' AND row_id = ANY(%s)",
-                (backend, collection_id, list(row_ids)),
-            )
+            for row_id in row_ids:
+                r = db.execute("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = %s AND "
+                               "collection_id = %s AND row_id = %s AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
+                if r is None:
+                    continue
+                old = None
+                if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
+                    db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                               (json.dumps([backend, r["tenant"], r["subject"], r["predicate"]]),))
+                    old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = %s AND tenant = %s AND subject = %s "
+                                     "AND predicate = %s AND status = 'active' AND single_valued = 1 FOR UPDATE",
+                                     (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+                if old is not None:
+                    db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = %s, superseded_by = %s, "
+                               "superseded_at = %s, updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",
+                               (collection_id, row_id, t, t, backend, old["collection_id"], old["row_id"]))
+                    replaced.append((row_id, (old["collection_id"], old["row_id"])))
+                db.execute("UPDATE rows SET status = 'active', supersedes_collection = %s, supersedes_id = %s, updated_at = %s "
+                           "WHERE backend = %s AND collection_id = %s AND row_id = %s",
+                           (old["collection_id"] if old else None, old["row_id"] if old else None, t, backend, collection_id, row_id))
+        return replaced
 
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         """Drop write reservations (status pending) after a failed backend write."""
         with self._tx() as db:
+            db.execute(
+                "DELETE FROM lineage WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s) AND row_id IN "
+                "(SELECT row_id FROM rows WHERE backend = %s AND collection_id = %s AND status = 'pending')",
+                (backend, collection_id, list(row_ids), backend, collection_id),
+            )
             db.execute(
                 "DELETE FROM rows WHERE backend = %s AND collection_id = %s AND status = 'pending' AND row_id = ANY(%s)",
                 (backend, collection_id, list(row_ids)),
@@ -384,27 +403,50 @@ class PostgresLedger:
         t = now_us()
         with self._tx() as db:
             db.cursor().executemany(
-                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, updated_at = %s "
+                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, content_hmac = %s, updated_at = %s "
                 "WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                [(row.scope, row.fleet, json.dumps(list(row.readers)), t, row.backend, row.collection, row.row_id) for row in rows],
+                [(row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac, t, row.backend, row.collection, row.row_id)
+                 for row in rows],
             )
 
-    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str) -> None:
-        """Durably mark rows deleted (status + tombstone) before the backend delete is attempted."""
+    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
+                  closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+        """As `SQLiteLedger.tombstone`: durable tombstones plus the deletion closure, in one transaction."""
         if not row_ids:
-            return
-        t = now_us()
-        ids = list(dict.fromkeys(row_ids))
+            return []
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) "
-                "SELECT %s, %s, u, %s, %s, %s FROM unnest(%s::text[]) AS u ON CONFLICT DO NOTHING",
-                (backend, collection_id, t, by, request_id, ids),
-            )
-            db.execute(
-                "UPDATE rows SET status = 'deleted', updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s)",
-                (t, backend, collection_id, ids),
-            )
+            return _closure_tombstone(db, "%s", backend, collection_id, list(dict.fromkeys(row_ids)), by, request_id,
+                                      closure, now_us(), also or [])
+
+    def content_copies(self, backend: str, tenant: str, digests: list[str]) -> list[Row]:
+        with self._conn() as db:
+            rows = db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND tenant = %s AND status IN "
+                              "('active', 'superseded') AND content_hmac = ANY(%s)", (backend, tenant, list(dict.fromkeys(digests)))).fetchall()
+        return [_row_from_db(r) for r in rows]
+
+    def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:
+        with self._conn() as db:
+            rows = db.execute("SELECT content_hmac FROM forgotten_content WHERE tenant = %s AND content_hmac = ANY(%s)",
+                              (tenant, list(dict.fromkeys(hmacs)))).fetchall()
+        return {r["content_hmac"] for r in rows}
+
+    def content_key(self) -> bytes:
+        with self._tx() as db:
+            db.execute("INSERT INTO ledger_secrets (name, value) VALUES ('content_hmac_key', %s) ON CONFLICT DO NOTHING",
+                       (os.urandom(32).hex(),))
+            r = db.execute("SELECT value FROM ledger_secrets WHERE name = 'content_hmac_key'").fetchone()
+        return bytes.fromhex(r["value"])
+
+    def lineage(self, backend: str, collection_id: str, row_id: str, max_nodes: int = 1000) -> list[tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]]:
+        with self._conn() as db:
+            return _walk_lineage(lambda q, a: db.execute(q, a).fetchall(), backend, collection_id, row_id, max_nodes)
+
+    def backend_deleted_tombstones(self, backend: str, after: tuple[str, str] = ("", ""), limit: int = 500) -> list[tuple[str, str]]:
+        with self._conn() as db:
+            rows = db.execute(
+                "SELECT collection_id, row_id FROM tombstones WHERE backend = %s AND backend_deleted_at IS NOT NULL "
+                "AND (collection_id, row_id) > (%s, %s) ORDER BY collection_id, row_id LIMIT %s", (backend, *after, limit)).fetchall()
+        return [(r["collection_id"], r["row_id"]) for r in rows]
 
     def mark_backend_deleted(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         with self._tx() as db:

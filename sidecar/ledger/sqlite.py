@@ -19,6 +19,33 @@ from contextlib import contextmanager
 from sidecar.governance import Principal, Row, agent_entity, agent_id
 from sidecar.ledger.base import CollectionRecord, KeyRecord, hash_secret, new_key_secret, now_us, parse_key
 
+# Version 2: provenance (source, lineage), supersession (one active row per single-valued
+# (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
+MIGRATION_2_PROVENANCE = """
+    ALTER TABLE rows ADD COLUMN source TEXT NOT NULL DEFAULT '';
+    ALTER TABLE rows ADD COLUMN single_valued INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE rows ADD COLUMN supersedes_collection TEXT;
+    ALTER TABLE rows ADD COLUMN supersedes_id TEXT;
+    ALTER TABLE rows ADD COLUMN superseded_by_collection TEXT;
+    ALTER TABLE rows ADD COLUMN superseded_by TEXT;
+    ALTER TABLE rows ADD COLUMN superseded_at INTEGER;
+    ALTER TABLE rows ADD COLUMN content_hmac TEXT;
+    CREATE UNIQUE INDEX rows_one_active_fact ON rows (backend, tenant, subject, predicate)
+        WHERE status = 'active' AND single_valued = 1;
+    CREATE INDEX rows_content ON rows (backend, tenant, content_hmac) WHERE content_hmac IS NOT NULL;
+    CREATE TABLE lineage (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, row_id TEXT NOT NULL,
+        parent_collection_id TEXT NOT NULL, parent_row_id TEXT NOT NULL,
+        PRIMARY KEY (backend, collection_id, row_id, parent_collection_id, parent_row_id)
+    );
+    CREATE INDEX lineage_parent ON lineage (backend, parent_collection_id, parent_row_id);
+    CREATE TABLE forgotten_content (
+        tenant TEXT NOT NULL, content_hmac TEXT NOT NULL, deleted_at INTEGER NOT NULL,
+        PRIMARY KEY (tenant, content_hmac)
+    );
+    CREATE TABLE ledger_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
 # Each entry migrates from version i to i+1; applied in order at open.
 MIGRATIONS: list[str] = [
     """
@@ -52,21 +79,31 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX tombstones_pending ON tombstones (backend) WHERE backend_deleted_at IS NULL;
     """,
+    MIGRATION_2_PROVENANCE,
 ]
 
 _ROW_COLUMNS = (
     "backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
-    "created_at, updated_at, request_id, subject, predicate, object, extra"
+    "created_at, updated_at, request_id, subject, predicate, object, extra, source, single_valued, "
+    "supersedes_collection, supersedes_id, superseded_by_collection, superseded_by, superseded_at, content_hmac"
 )
+_N_ROW_COLUMNS = 26
 
 
-def _row_from_db(r: sqlite3.Row) -> Row:
+def _pair(collection: Any, row_id: Any) -> tuple[str, str] | None:
+    return None if row_id is None else (str(collection), str(row_id))
+
+
+def _row_from_db(r: Any) -> Row:
     return Row(
         backend=r["backend"], collection=r["collection_id"], row_id=r["row_id"], tenant=r["tenant"],
         fleet=r["fleet"], owner=r["owner"], scope=r["scope"], writer=r["writer"], created_at=r["created_at"],
         status=r["status"], readers=tuple(json.loads(r["readers"])), labels=tuple(json.loads(r["labels"])),
         request_id=r["request_id"], subject=r["subject"], predicate=r["predicate"], object=r["object"],
-        extra=json.loads(r["extra"]),
+        extra=json.loads(r["extra"]), source=r["source"], single_valued=bool(r["single_valued"]),
+        supersedes=_pair(r["supersedes_collection"], r["supersedes_id"]),
+        superseded_by=_pair(r["superseded_by_collection"], r["superseded_by"]),
+        superseded_at=r["superseded_at"], content_hmac=r["content_hmac"],
     )
 
 
@@ -75,6 +112,8 @@ def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
         row.backend, row.collection, row.row_id, row.tenant, row.fleet, row.owner, row.scope,
         json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.status, row.writer,
         row.created_at, updated_at, row.request_id, row.subject, row.predicate, row.object, json.dumps(row.extra),
+        row.source, int(row.single_valued), *(row.supersedes or (None, None)), *(row.superseded_by or (None, None)),
+        row.superseded_at, row.content_hmac,
     )
 
 
@@ -278,49 +317,119 @@ class SQLiteLedger:
                 return existing
             for row in rows:
                 row.status = "pending"
-                db.execute(f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * 18)})", _row_to_db(row, t))
+                db.execute(f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * _N_ROW_COLUMNS)})", _row_to_db(row, t))
+                for parent_collection, parent_id in row.derived_from:
+                    db.execute("INSERT OR IGNORE INTO lineage VALUES (?,?,?,?,?)",
+                               (row.backend, row.collection, row.row_id, parent_collection, parent_id))
         return []
 
-    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> list[tuple[str, tuple[str, str]]]:
+        """Make reserved rows active. A row with a single-valued triple supersedes the active row for
+        (backend, tenant, subject, predicate) in the same transaction; returns (new id, superseded
+        (collection, id)) pairs. The partial unique index ``rows_one_active_fact`` is the constraint."""
+        t = now_us()
+        replaced: list[tuple[str, tuple[str, str]]] = []
         with self._tx() as db:
-            for chunk in _chunks(row_ids):
-                db.execute(
-                    f"UPDATE rows SET status = 'active' WHERE backend = ? AND collection_id = ? AND status = 'pending' "
-                    f"AND row_id IN ({','.join('?' * len(chunk))})", (backend, collection_id, *chunk),
-                )
+            for row_id in row_ids:
+                r = db.execute("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = ? AND "
+                               "collection_id = ? AND row_id = ? AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
+                if r is None:
+                    continue
+                old = None
+                if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
+                    old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND subject = ? "
+                                     "AND predicate = ? AND status = 'active' AND single_valued = 1",
+                                     (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+                if old is not None:
+                    db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = ?, superseded_by = ?, "
+                               "superseded_at = ?, updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
+                               (collection_id, row_id, t, t, backend, old["collection_id"], old["row_id"]))
+                    replaced.append((row_id, (old["collection_id"], old["row_id"])))
+                db.execute("UPDATE rows SET status = 'active', supersedes_collection = ?, supersedes_id = ?, updated_at = ? "
+                           "WHERE backend = ? AND collection_id = ? AND row_id = ?",
+                           (old["collection_id"] if old else None, old["row_id"] if old else None, t, backend, collection_id, row_id))
+        return replaced
 
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         """Drop write reservations (status pending) after a failed backend write."""
         with self._tx() as db:
             for chunk in _chunks(row_ids):
                 db.execute(
+                    f"DELETE FROM lineage WHERE backend = ? AND collection_id = ? AND row_id IN ({','.join('?' * len(chunk))}) "
+                    f"AND row_id IN (SELECT row_id FROM rows WHERE backend = ? AND collection_id = ? AND status = 'pending')",
+                    (backend, collection_id, *chunk, backend, collection_id),
+                )
+                db.execute(
                     f"DELETE FROM rows WHERE backend = ? AND collection_id = ? AND status = 'pending' "
                     f"AND row_id IN ({','.join('?' * len(chunk))})", (backend, collection_id, *chunk),
                 )
 
     def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet and readers of existing rows."""
+        """Persist scope, fleet, readers and content HMAC of existing rows."""
         t = now_us()
         with self._tx() as db:
             for row in rows:
                 db.execute(
-                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                    (row.scope, row.fleet, json.dumps(list(row.readers)), t, row.backend, row.collection, row.row_id),
+                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, content_hmac = ?, updated_at = ? "
+                    "WHERE backend = ? AND collection_id = ? AND row_id = ?",
+                    (row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac, t, row.backend, row.collection, row.row_id),
                 )
 
-    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str) -> None:
-        """Durably mark rows deleted (status + tombstone) before the backend delete is attempted."""
+    def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
+                  closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+        """Durably mark rows deleted (status + tombstone) before the backend delete is attempted.
+
+        Deletion closure in the same transaction: with ``closure="cascade"`` every row derived from a
+        deleted row, transitively; `also` adds (collection, id) rows the caller chose (content copies it
+        may delete). Content HMACs of every tombstoned row are remembered per tenant (`forgotten`).
+        Returns every (collection, row id) tombstoned, the requested ones first; the caller deletes them
+        from the backend (the reconciler retries what it could not).
+        """
         t = now_us()
         with self._tx() as db:
-            for row_id in row_ids:
-                db.execute(
-                    "INSERT OR IGNORE INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) VALUES (?,?,?,?,?,?)",
-                    (backend, collection_id, row_id, t, by, request_id),
-                )
-                db.execute(
-                    "UPDATE rows SET status = 'deleted', updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                    (t, backend, collection_id, row_id),
-                )
+            return _closure_tombstone(db, "?", backend, collection_id, row_ids, by, request_id, closure, t, also or [])
+
+    def content_copies(self, backend: str, tenant: str, digests: list[str]) -> list[Row]:
+        """Servable rows of `tenant` whose content HMAC is one of `digests` (candidates for closure)."""
+        out: list[Row] = []
+        with self._lock:
+            for chunk in _chunks(list(dict.fromkeys(digests))):
+                q = (f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND status IN ('active', 'superseded') "
+                     f"AND content_hmac IN ({','.join('?' * len(chunk))})")
+                out += [_row_from_db(r) for r in self._db.execute(q, (backend, tenant, *chunk))]
+        return out
+
+    def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:
+        """The subset of content HMACs that belong to deleted rows of `tenant`."""
+        out: set[str] = set()
+        with self._lock:
+            for chunk in _chunks(list(dict.fromkeys(hmacs))):
+                q = f"SELECT content_hmac FROM forgotten_content WHERE tenant = ? AND content_hmac IN ({','.join('?' * len(chunk))})"
+                out.update(r[0] for r in self._db.execute(q, (tenant, *chunk)))
+        return out
+
+    def content_key(self) -> bytes:
+        """The ledger's content-HMAC key (32 random bytes, created once, shared by every replica)."""
+        with self._tx() as db:
+            r = db.execute("SELECT value FROM ledger_secrets WHERE name = 'content_hmac_key'").fetchone()
+            if r is None:
+                value = os.urandom(32).hex()
+                db.execute("INSERT INTO ledger_secrets (name, value) VALUES ('content_hmac_key', ?)", (value,))
+                return bytes.fromhex(value)
+            return bytes.fromhex(r[0])
+
+    def lineage(self, backend: str, collection_id: str, row_id: str, max_nodes: int = 1000) -> list[tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]]:
+        """Ancestors of a row, breadth first: (depth, ledger row or None, (collection, id), parents)."""
+        with self._lock:
+            return _walk_lineage(lambda q, a: self._db.execute(q.replace("%s", "?"), a).fetchall(), backend, collection_id, row_id, max_nodes)
+
+    def backend_deleted_tombstones(self, backend: str, after: tuple[str, str] = ("", ""), limit: int = 500) -> list[tuple[str, str]]:
+        """Tombstones whose backend delete was confirmed, in key order after `after` (for reappearance checks)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT collection_id, row_id FROM tombstones WHERE backend = ? AND backend_deleted_at IS NOT NULL "
+                "AND (collection_id, row_id) > (?, ?) ORDER BY collection_id, row_id LIMIT ?", (backend, *after, limit)).fetchall()
+        return [(r[0], r[1]) for r in rows]
 
     def mark_backend_deleted(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         t = now_us()
@@ -338,3 +447,54 @@ class SQLiteLedger:
                 "SELECT collection_id, row_id FROM tombstones WHERE backend = ? AND backend_deleted_at IS NULL", (backend,)
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+
+def _closure_tombstone(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str], by: str,
+                       request_id: str, closure: str, t: int, also: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Shared by the SQLite and PostgreSQL ledgers (`ph` is the driver's placeholder)."""
+    def q(sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return list(db.execute(sql.replace("?", ph), args).fetchall())
+
+    order: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    queue = [(collection_id, r) for r in row_ids] + list(also)
+    while queue:
+        key = queue.pop(0)
+        if key in seen:
+            continue
+        seen.add(key)
+        order.append(key)
+        rows = q("SELECT tenant, content_hmac FROM rows WHERE backend = ? AND collection_id = ? AND row_id = ?", (backend, *key))
+        if rows and rows[0]["content_hmac"]:
+            tenant, digest = rows[0]["tenant"], rows[0]["content_hmac"]
+            db.execute(("INSERT INTO forgotten_content (tenant, content_hmac, deleted_at) VALUES (?,?,?) "
+                        "ON CONFLICT (tenant, content_hmac) DO NOTHING").replace("?", ph), (tenant, digest, t))
+        if closure == "cascade":
+            queue += [(r["collection_id"], r["row_id"]) for r in q(
+                "SELECT collection_id, row_id FROM lineage WHERE backend = ? AND parent_collection_id = ? AND parent_row_id = ?",
+                (backend, *key))]
+    for coll, row_id in order:
+        db.execute(("INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) "
+                    "VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING").replace("?", ph), (backend, coll, row_id, t, by, request_id))
+        db.execute("UPDATE rows SET status = 'deleted', updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?".replace("?", ph),
+                   (t, backend, coll, row_id))
+    return order
+
+
+def _walk_lineage(fetch: Any, backend: str, collection_id: str, row_id: str,
+                  max_nodes: int) -> list[tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]]:
+    out: list[tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]] = []
+    seen: set[tuple[str, str]] = set()
+    frontier = [(0, (collection_id, row_id))]
+    while frontier and len(out) < max_nodes:
+        depth, key = frontier.pop(0)
+        if key in seen:
+            continue
+        seen.add(key)
+        found = fetch(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND collection_id = %s AND row_id = %s", (backend, *key))
+        parents = [(r["parent_collection_id"], r["parent_row_id"]) for r in fetch(
+            "SELECT parent_collection_id, parent_row_id FROM lineage WHERE backend = %s AND collection_id = %s AND row_id = %s "
+            "ORDER BY parent_collection_id, parent_row_id", (backend, *key))]
+        out.append((depth, _row_from_db(found[0]) if found else None, key, parents))
+        frontier += [(depth + 1, p) for p in parents]
+    return out

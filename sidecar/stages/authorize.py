@@ -53,16 +53,31 @@ class Authorizer:
         return decisions
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
-                 include_superseded: bool = False) -> set[str]:
+                 include_superseded: bool = False, as_of: int | None = None) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
+        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of))
+
+    def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
+                      include_superseded: bool = False, as_of: int | None = None) -> dict[str, Row]:
+        """Like `readable`, returning the ledger rows. By default only ``active`` rows are servable;
+        `include_superseded` adds superseded ones; `as_of` (UTC µs) serves the rows that were current
+        then (created by then and not yet superseded). Deleted and pending rows are never servable."""
         if not row_ids:
-            return set()
+            return {}
         known = self.ledger.get_rows(backend, collection_id, row_ids)
-        servable = ("active", "superseded") if include_superseded else ("active",)
-        candidates = [known[i] for i in dict.fromkeys(row_ids) if i in known and known[i].status in servable]
+        candidates = [known[i] for i in dict.fromkeys(row_ids) if i in known and servable(known[i], include_superseded, as_of)]
         decisions = self.decide_rows(ex, "read", candidates)
-        allowed = {row.row_id for row, d in zip(candidates, decisions) if d.allowed}
+        allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
         unique = len(set(row_ids))
         ex.rows_allowed += len(allowed)
         ex.rows_denied += unique - len(allowed)
         return allowed
+
+
+def servable(row: Row, include_superseded: bool = False, as_of: int | None = None) -> bool:
+    """Whether a ledger row may be served at all (before Cedar): see `Authorizer.readable_rows`."""
+    if row.status not in ("active", "superseded"):
+        return False
+    if as_of is not None:
+        return row.created_at <= as_of and (row.superseded_at is None or row.superseded_at > as_of)
+    return row.status == "active" or include_superseded

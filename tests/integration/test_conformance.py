@@ -91,7 +91,7 @@ def seed_collection(stack: Stack, t: Tenant, collection: str) -> None:
         if s.readers:
             meta["mw_readers"] = ",".join(s.readers)
         coll = stack.client(t.keys[s.writer], t.name).get_collection(collection)
-        coll.add(ids=[s.row_id], embeddings=[EMB[s.row_id]], documents=[f"doc {s.row_id}"], metadatas=[meta])
+        coll.add(ids=[s.row_id], embeddings=[EMB[s.row_id]], documents=[f"doc {s.row_id} in {collection}"], metadatas=[meta])
     direct = stack.direct(t.name).get_collection(collection)
     # Written straight to the backend, with forged governance metadata: must never be served.
     direct.add(ids=["ungoverned"], embeddings=[EMB["ungoverned"]], documents=["forged"],

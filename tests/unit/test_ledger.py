@@ -109,7 +109,7 @@ def test_collections_and_migrations(ledger: Ledger, opener: Opener) -> None:
     assert ledger.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
     ledger.close()
     again = opener()  # re-open: migrations are idempotent, the data is still there
-    assert again.migrate() == 1 and again.ping()
+    assert again.migrate() == 2 and again.ping()
     assert again.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
 
 
@@ -193,9 +193,9 @@ def test_postgres_versioned_migrations(pg_url: str) -> None:
     assert errors == []
     ledger = PostgresLedger(pg_url, schema=schema, migrate_on_open=False)
     try:
-        assert ledger.schema_version() == 1
+        assert ledger.schema_version() == 2
         with ledger._conn() as db:
-            assert [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == [1]
+            assert [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
     finally:
         ledger.close()
     with pytest.raises(ValueError):
@@ -218,7 +218,7 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
     monkeypatch.setenv("MEMWARDEN_LEDGER_MIGRATE_ON_START", "false")
     runner = CliRunner()
     first = runner.invoke(app, ["ledger", "migrate"])
-    assert first.exit_code == 0 and "version 1" in first.output, first.output
+    assert first.exit_code == 0 and "version 2" in first.output, first.output
     assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 0  # idempotent
     created = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a", "--trust", "1"])
     assert created.exit_code == 0, created.output
@@ -229,10 +229,108 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
     finally:
         ledger.close()
     sqlite_run = runner.invoke(app, ["ledger", "migrate", "--ledger", str(tmp_path / "x.db")])
-    assert sqlite_run.exit_code == 0 and "version 1" in sqlite_run.output
+    assert sqlite_run.exit_code == 0 and "version 2" in sqlite_run.output
     monkeypatch.setenv("MEMWARDEN_LEDGER_URL", "postgresql://postgres@127.0.0.1:1/none")
     monkeypatch.setenv("MEMWARDEN_LEDGER_TIMEOUT_S", "1")
     assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 1
+
+
+# -- provenance, supersession and deletion closure (both ledgers) ------------------------------
+
+def _fact(i: str, obj: str, collection: str = "c1", derived: tuple[tuple[str, str], ...] = (), digest: str | None = None) -> Row:
+    return Row("chroma", collection, i, "t", "red", "t/red/a", "fleet", "t/red/a", 1, subject="svc", predicate="status",
+               object=obj, single_valued=True, derived_from=derived, content_hmac=digest)
+
+
+def _add(ledger: Any, *rows: Row) -> list[tuple[str, tuple[str, str]]]:
+    assert ledger.reserve_rows(list(rows)) == []
+    out: list[tuple[str, tuple[str, str]]] = []
+    for r in rows:
+        out += ledger.activate_rows("chroma", r.collection, [r.row_id])
+    return out
+
+
+def test_supersession_keeps_one_active_fact(ledger: Any) -> None:
+    assert _add(ledger, _fact("a", "paused")) == []
+    assert _add(ledger, _fact("b", "running")) == [("b", ("c1", "a"))]
+    assert _add(ledger, _fact("c", "stopped", collection="c2")) == [("c", ("c1", "b"))]  # tenant-wide, across collections
+    rows = ledger.get_rows("chroma", "c1", ["a", "b"]) | ledger.get_rows("chroma", "c2", ["c"])
+    assert [rows[i].status for i in "abc"] == ["superseded", "superseded", "active"]
+    assert rows["b"].supersedes == ("c1", "a") and rows["b"].superseded_by == ("c2", "c")
+    assert rows["a"].superseded_at is not None and rows["c"].superseded_by is None
+    other = Row("chroma", "c1", "o", "t", "red", "t/red/a", "fleet", "t/red/a", 1, subject="svc", predicate="note", object="x")
+    assert _add(ledger, other) == []  # not single-valued: no supersession
+
+
+def test_concurrent_activations_leave_exactly_one_active(opener: Opener) -> None:
+    first = opener()
+    rows = [_fact(f"w{i}", f"v{i}") for i in range(50)]
+    assert first.reserve_rows(rows) == []
+    errors: list[BaseException] = []
+
+    def activate(row_id: str) -> None:
+        ledger = opener()
+        try:
+            ledger.activate_rows("chroma", "c1", [row_id])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=activate, args=(r.row_id,)) for r in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    got = first.get_rows("chroma", "c1", [r.row_id for r in rows])
+    statuses = [got[r.row_id].status for r in rows]
+    assert statuses.count("active") == 1 and statuses.count("superseded") == 49  # none lost
+    # The supersession links form one chain through all 50 rows.
+    by = {r.row_id: r for r in got.values()}
+    head = next(r for r in got.values() if r.status == "active")
+    seen = 1
+    while head.supersedes is not None:
+        head = by[head.supersedes[1]]
+        seen += 1
+    assert seen == 50
+
+
+def test_deletion_closure_cascades_and_remembers_content(ledger: Any) -> None:
+    root = Row("chroma", "c1", "root", "t", "red", "t/red/a", "fleet", "t/red/a", 1, content_hmac="h-root")
+    child = Row("chroma", "c1", "child", "t", "red", "t/red/a", "fleet", "t/red/a", 1, derived_from=(("c1", "root"),))
+    grandchild = Row("chroma", "c2", "gc", "t", "red", "t/red/a", "fleet", "t/red/a", 1, derived_from=(("c1", "child"),))
+    copy = Row("chroma", "c2", "copy", "t", "red", "t/red/a", "fleet", "t/red/a", 1, content_hmac="h-root")
+    foreign_copy = Row("chroma", "c3", "x", "u", "red", "u/red/a", "fleet", "u/red/a", 1, content_hmac="h-root")
+    unrelated = Row("chroma", "c1", "other", "t", "red", "t/red/a", "fleet", "t/red/a", 1)
+    for r in (root, child, grandchild, copy, foreign_copy, unrelated):
+        _add(ledger, r)
+    lineage = ledger.lineage("chroma", "c2", "gc")
+    assert [(d, key) for d, _, key, _ in lineage] == [(0, ("c2", "gc")), (1, ("c1", "child")), (2, ("c1", "root"))]
+    copies = ledger.content_copies("chroma", "t", ["h-root"])
+    assert {(r.collection, r.row_id) for r in copies} == {("c1", "root"), ("c2", "copy")}  # never another tenant's
+    closed = ledger.tombstone("chroma", "c1", ["root"], "t/red/a", "req", also=[("c2", "copy")])
+    assert closed[0] == ("c1", "root") and set(closed) == {("c1", "root"), ("c1", "child"), ("c2", "gc"), ("c2", "copy")}
+    assert ledger.get_rows("chroma", "c3", ["x"])["x"].status == "active"  # another tenant's copy is not touched
+    assert ledger.get_rows("chroma", "c1", ["other"])["other"].status == "active"
+    assert set(ledger.pending_tombstones("chroma")) == set(closed)
+    assert ledger.forgotten("t", ["h-root", "h-other"]) == {"h-root"} and ledger.forgotten("u", ["h-root"]) == set()
+
+
+def test_redact_closure_keeps_derived_rows(ledger: Any) -> None:
+    root = Row("chroma", "c1", "root", "t", "red", "t/red/a", "fleet", "t/red/a", 1)
+    child = Row("chroma", "c1", "child", "t", "red", "t/red/a", "fleet", "t/red/a", 1, derived_from=(("c1", "root"),))
+    _add(ledger, root, child)
+    assert ledger.tombstone("chroma", "c1", ["root"], "x", "r", closure="redact") == [("c1", "root")]
+    assert ledger.get_rows("chroma", "c1", ["child"])["child"].status == "active"
+
+
+def test_released_reservation_drops_its_lineage_and_key_is_stable(ledger: Any, opener: Opener) -> None:
+    child = Row("chroma", "c1", "child", "t", "red", "t/red/a", "fleet", "t/red/a", 1, derived_from=(("c1", "p"),))
+    assert ledger.reserve_rows([child]) == []
+    ledger.release_rows("chroma", "c1", ["child"])
+    assert ledger.lineage("chroma", "c1", "child")[0][1] is None
+    assert ledger.lineage("chroma", "c1", "child")[0][3] == []
+    key = ledger.content_key()
+    assert len(key) == 32 and opener().content_key() == key
 
 
 def test_postgres_survives_a_terminated_connection(pg_url: str) -> None:
