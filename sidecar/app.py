@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import httpx
+import structlog
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -77,6 +78,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         except Exception:  # backend down at start: tombstones stay pending, rows stay hidden
             decisionlog.structlog.get_logger("memwarden").warning("reconcile_failed")
         tasks = _start_policy_reload(services)
+        if settings.reconcile_interval_s > 0:
+            tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
         yield
         for task in tasks:
             task.cancel()
@@ -162,3 +165,14 @@ def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:
     if services.settings.policy_watch_interval_s > 0:
         tasks.append(loop.create_task(services.policy.watch(services.settings.policy_watch_interval_s)))
     return tasks
+
+
+async def _reconcile_forever(services: "Services", interval_s: float) -> None:
+    """Retry pending backend deletes and re-delete tombstoned rows that reappeared, every `interval_s`."""
+    log = structlog.get_logger("memwarden.reconciler")
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await services.profile.reconcile()
+        except Exception as exc:  # the backend may be down: tombstones stay pending, rows stay hidden
+            log.warning("reconcile_failed", error=type(exc).__name__)

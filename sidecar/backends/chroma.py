@@ -496,6 +496,7 @@ class ChromaProfile:
                 checks.append(("write", row, None))
                 final[row_id] = row
         self._check_parents(ex, rec, [final[i] for i in new_ids])
+        self._check_supersession(ex, [final[i] for i in new_ids])
         self._check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str)])
         for action in ("write", "update", "redistribute"):
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
@@ -542,13 +543,29 @@ class ChromaProfile:
             ex.decision = "deny"
             raise Forbidden("derived_from names a memory you cannot read")
 
+    def _check_supersession(self, ex: Exchange, rows: list[Row]) -> None:
+        """Replacing the active fact for (tenant, subject, predicate) needs `update` on that row;
+        a fact the writer cannot read answers 403 exactly like one it may read but not update."""
+        current = [f for f in (self.ledger.active_fact(BACKEND, r.tenant, r.subject or "", r.predicate or "")
+                               for r in rows if r.single_valued) if f is not None]
+        if current and not all(d.allowed for d in self.authz.decide_rows(ex, "update", current)):
+            ex.decision = "deny"
+            raise Forbidden("superseding this fact is not permitted")
+
     def _check_forgotten(self, ex: Exchange, rows: list[Row]) -> None:
-        """Content of a deleted row may not come back (409) unless policy lets this writer `reassert` it."""
+        """Content of a deleted row this writer could read may not come back (409) unless policy lets
+        it `reassert` it. Deleted content the writer could never read is not an oracle: its writes pass."""
         p = self._p(ex)
         digests = [r.content_hmac for r in rows if r.content_hmac]
         if not digests:
             return
-        hits = self.ledger.forgotten(p.tenant, digests)
+        gone = self.ledger.content_copies(BACKEND, p.tenant, digests, deleted=True)
+        if not gone:
+            return
+        # Judge each deleted row as it was (active): could this writer have read it?
+        as_was = [Row(**{**{f: getattr(g, f) for f in Row.__slots__}, "status": "active"}) for g in gone]  # type: ignore[attr-defined]
+        known = self.authz.decide_rows(ex, "read", as_was)
+        hits = {g.content_hmac for g, d in zip(gone, known) if d.allowed}
         flagged = [r for r in rows if r.content_hmac in hits]
         if not flagged:
             return
@@ -581,22 +598,24 @@ class ChromaProfile:
         include_superseded, as_of = self._history_view(ex)
         return lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of)
 
-    def _decorate(self, rec: CollectionRecord, rows: list[dict[str, Any]]) -> None:
-        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` (and their collections) to returned metadata."""
+    def _decorate(self, ex: Exchange, rec: CollectionRecord, rows: list[dict[str, Any]]) -> None:
+        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned metadata — only links to rows of
+        this collection that the caller may read (superseded ones included); other ids are never shown."""
         with_meta = [r for r in rows if isinstance(r.get("metadatas"), dict)]
         if not with_meta:
             return
         ledger_rows = self.ledger.get_rows(BACKEND, rec.collection_id, [r["ids"] for r in with_meta])
+        links = [pair[1] for lr in ledger_rows.values() for pair in (lr.supersedes, lr.superseded_by)
+                 if pair is not None and pair[0] == rec.collection_id]
+        visible = self.authz.readable(ex, BACKEND, rec.collection_id, links, include_superseded=True) if links else set()
         for r in with_meta:
             lr = ledger_rows.get(r["ids"])
             if lr is None:
                 continue
             meta = dict(r["metadatas"])
-            for name, pair in (("supersedes", lr.supersedes), ("superseded_by", lr.superseded_by)):
-                if pair is not None:
-                    meta[f"mw_{name}_id" if name == "supersedes" else "mw_superseded_by"] = pair[1]
-                    if pair[0] != rec.collection_id:
-                        meta[f"mw_{name}_collection"] = pair[0]
+            for key, pair in (("mw_supersedes_id", lr.supersedes), ("mw_superseded_by", lr.superseded_by)):
+                if pair is not None and pair[0] == rec.collection_id and pair[1] in visible:
+                    meta[key] = pair[1]
             r["metadatas"] = meta
 
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
@@ -611,6 +630,8 @@ class ChromaProfile:
 
         Applies `offset`/`limit` over kept rows. Returns (rows, included).
         """
+        if limit == 0:
+            return [], None
         page = self.settings.page_rows
         kept: list[dict[str, Any]] = []
         skipped = 0
@@ -665,7 +686,7 @@ class ChromaProfile:
             ex, rec, ids=ids, where=where, where_document=body.get("where_document"),
             include=include, offset=offset, limit=limit, keep=self._keep(ex, rec),
         )
-        self._decorate(rec, rows)
+        self._decorate(ex, rec, rows)
         template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
         ex.row_ids = [r["ids"] for r in rows]
         return 200, self._rows_to_columns(rows, template, included)
@@ -723,7 +744,7 @@ class ChromaProfile:
         out: dict[str, Any] = {}
         keys = set()
         for rows in final.values():
-            self._decorate(rec, rows)
+            self._decorate(ex, rec, rows)
             for r in rows:
                 keys.update(r.keys())
         include = body.get("include")

@@ -418,11 +418,18 @@ class PostgresLedger:
             return _closure_tombstone(db, "%s", backend, collection_id, list(dict.fromkeys(row_ids)), by, request_id,
                                       closure, now_us(), also or [])
 
-    def content_copies(self, backend: str, tenant: str, digests: list[str]) -> list[Row]:
+    def content_copies(self, backend: str, tenant: str, digests: list[str], deleted: bool = False) -> list[Row]:
+        statuses = ["deleted"] if deleted else ["active", "superseded"]
         with self._conn() as db:
-            rows = db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND tenant = %s AND status IN "
-                              "('active', 'superseded') AND content_hmac = ANY(%s)", (backend, tenant, list(dict.fromkeys(digests)))).fetchall()
+            rows = db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND tenant = %s AND status = ANY(%s) "
+                              "AND content_hmac = ANY(%s)", (backend, tenant, statuses, list(dict.fromkeys(digests)))).fetchall()
         return [_row_from_db(r) for r in rows]
+
+    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str) -> Row | None:
+        with self._conn() as db:
+            r = db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND tenant = %s AND subject = %s AND "
+                           "predicate = %s AND status = 'active' AND single_valued = 1", (backend, tenant, subject, predicate)).fetchone()
+        return None if r is None else _row_from_db(r)
 
     def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:
         with self._conn() as db:

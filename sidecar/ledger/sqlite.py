@@ -389,15 +389,24 @@ class SQLiteLedger:
         with self._tx() as db:
             return _closure_tombstone(db, "?", backend, collection_id, row_ids, by, request_id, closure, t, also or [])
 
-    def content_copies(self, backend: str, tenant: str, digests: list[str]) -> list[Row]:
-        """Servable rows of `tenant` whose content HMAC is one of `digests` (candidates for closure)."""
+    def content_copies(self, backend: str, tenant: str, digests: list[str], deleted: bool = False) -> list[Row]:
+        """Rows of `tenant` whose content HMAC is one of `digests`: servable ones (candidates for
+        closure), or with `deleted` the tombstoned ones (to judge a re-write of forgotten content)."""
+        statuses = "('deleted')" if deleted else "('active', 'superseded')"
         out: list[Row] = []
         with self._lock:
             for chunk in _chunks(list(dict.fromkeys(digests))):
-                q = (f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND status IN ('active', 'superseded') "
+                q = (f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND status IN {statuses} "
                      f"AND content_hmac IN ({','.join('?' * len(chunk))})")
                 out += [_row_from_db(r) for r in self._db.execute(q, (backend, tenant, *chunk))]
         return out
+
+    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str) -> Row | None:
+        """The active single-valued row for (tenant, subject, predicate), if any."""
+        with self._lock:
+            r = self._db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND subject = ? AND "
+                                 "predicate = ? AND status = 'active' AND single_valued = 1", (backend, tenant, subject, predicate)).fetchone()
+        return None if r is None else _row_from_db(r)
 
     def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:
         """The subset of content HMACs that belong to deleted rows of `tenant`."""

@@ -76,7 +76,7 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
     headers += draw(st.lists(st.sampled_from(optional_headers), max_size=3, unique=True))
     body_obj = draw(st.one_of(st.none(), st.fixed_dictionaries({}, optional={
         "ids": st.lists(st.text("abc", min_size=1, max_size=3), max_size=3, unique=True),
-        "limit": st.integers(0, 5), "where": st.fixed_dictionaries({"k": st.integers(0, 3)}),
+        "limit": st.integers(1, 5), "where": st.fixed_dictionaries({"k": st.integers(0, 3)}),
     })))
     body = b"" if body_obj is None else json.dumps(body_obj).encode()
     if noisy and body and draw(st.booleans()) and body_obj:

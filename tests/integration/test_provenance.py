@@ -1,0 +1,144 @@
+"""Supersession, lineage closure, forgotten content and crash-safe tombstones through the real sidecar."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sidecar.harness import start_chroma, start_sidecar
+from tests.integration.conftest import POLICIES, Stack, Tenant, unit_vectors
+
+pytestmark = pytest.mark.integration
+V = unit_vectors(8, seed=21)
+
+
+def data(t: Tenant, op: str, query: str = "") -> str:
+    return f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}/{op}{query}"
+
+
+def fact(row_id: str, obj: str, scope: str = "fleet", i: int = 0) -> dict:
+    return {"ids": [row_id], "embeddings": [V[i]], "documents": [f"service api is {obj} ({row_id})"],
+            "metadatas": [{"mw_scope": scope, "mw_subject": "svc-api", "mw_predicate": "status", "mw_object": obj}]}
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack) -> Tenant:
+    t = stack.tenant("prov")
+    for name, fleet, trust in (("w", "red", 1), ("peer", "red", 1), ("blue", "blue", 1), ("boss", "red", 3)):
+        t.keys[name] = stack.key(t.name, fleet, name, trust)
+    return t
+
+
+def test_single_valued_fact_supersedes_and_history_is_opt_in(stack: Stack, world: Tenant) -> None:
+    with stack.http(world.keys["w"]) as http:
+        assert http.post(data(world, "add"), json=fact("s1", "paused")).status_code == 200
+        assert http.post(data(world, "add"), json=fact("s2", "running", i=1)).status_code == 200
+        current = http.post(data(world, "get"), json={"where": {"mw_subject": "svc-api"}}).json()
+        assert current["ids"] == ["s2"] and current["metadatas"][0]["mw_supersedes_id"] == "s1"
+        both = http.post(data(world, "get", "?include_superseded=true"), json={"where": {"mw_subject": "svc-api"}}).json()
+        assert sorted(both["ids"]) == ["s1", "s2"]
+        assert dict(zip(both["ids"], both["metadatas"]))["s1"]["mw_superseded_by"] == "s2"
+        q = http.post(data(world, "query"), json={"query_embeddings": [V[0]], "n_results": 5}).json()
+        assert "s1" not in q["ids"][0] and "s2" in q["ids"][0]
+        assert http.get(data(world, "count")).json() == 1
+        # as_of a time before s2 existed shows s1 as the fact then
+        s2_created = current["metadatas"][0]["mw_created_at"]
+        then = http.post(data(world, "get", f"?as_of={s2_created - 1}"), json={"where": {"mw_subject": "svc-api"}}).json()
+        assert then["ids"] == ["s1"]
+        assert http.post(data(world, "get", "?include_superseded=maybe"), json={}).status_code == 400
+
+
+def test_only_a_principal_that_may_update_the_fact_can_supersede_it(stack: Stack, world: Tenant) -> None:
+    with stack.http(world.keys["blue"]) as http:  # another fleet: cannot read or update s2
+        r = http.post(data(world, "add"), json=fact("b1", "deleted", i=2))
+        assert r.status_code == 403
+    with stack.http(world.keys["w"]) as http:
+        assert http.post(data(world, "get"), json={"where": {"mw_subject": "svc-api"}}).json()["ids"] == ["s2"]
+
+
+def test_concurrent_contradicting_writes_leave_exactly_one_active(stack: Stack, world: Tenant) -> None:
+    def write(i: int) -> int:
+        body = {"ids": [f"c{i}"], "embeddings": [V[i % 8]], "documents": [f"deploy target is region-{i}"],
+                "metadatas": [{"mw_subject": "deploy", "mw_predicate": "location", "mw_object": f"region-{i}"}]}
+        with stack.http(world.keys["w"]) as http:
+            return http.post(data(world, "add"), json=body).status_code
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(write, range(50)))
+    assert statuses == [200] * 50
+    with stack.http(world.keys["w"]) as http:
+        active = http.post(data(world, "get"), json={"where": {"mw_subject": "deploy"}}).json()["ids"]
+        everything = http.post(data(world, "get", "?include_superseded=true"), json={"where": {"mw_subject": "deploy"}}).json()["ids"]
+    assert len(active) == 1 and sorted(everything) == sorted(f"c{i}" for i in range(50))
+
+
+def test_derived_from_needs_a_readable_parent_and_deletion_cascades(stack: Stack, world: Tenant) -> None:
+    with stack.http(world.keys["w"]) as http:
+        assert http.post(data(world, "add"), json={"ids": ["obs"], "embeddings": [V[3]], "documents": ["observation 17"],
+                                                   "metadatas": [{"mw_scope": "agent"}]}).status_code == 200
+    with stack.http(world.keys["peer"]) as http:  # cannot read w's agent-scoped row
+        r = http.post(data(world, "add"), json={"ids": ["hyp-x"], "embeddings": [V[4]], "metadatas": [{"mw_derived_from": "obs"}]})
+        assert r.status_code == 403
+        r = http.post(data(world, "add"), json={"ids": ["hyp-y"], "embeddings": [V[4]], "metadatas": [{"mw_derived_from": "nope"}]})
+        assert r.status_code == 403
+    with stack.http(world.keys["w"]) as http:
+        assert http.post(data(world, "add"), json={"ids": ["hyp"], "embeddings": [V[4]], "documents": ["hypothesis from 17"],
+                                                   "metadatas": [{"mw_derived_from": "obs"}]}).status_code == 200
+        got = http.post(data(world, "get"), json={"ids": ["hyp"]}).json()
+        assert got["metadatas"][0]["mw_derived_from"] == "obs" and got["metadatas"][0]["mw_source"].startswith("chroma:add:")
+        assert http.post(data(world, "delete"), json={"ids": ["obs"]}).json() == {"deleted": 1}
+        assert http.post(data(world, "get"), json={"ids": ["obs", "hyp"]}).json()["ids"] == []
+    # the derived row is gone from the backend too
+    assert stack.direct(world.name).get_collection(world.collection).get(ids=["obs", "hyp"])["ids"] == []
+
+
+def test_forgotten_content_cannot_return_but_is_no_oracle(stack: Stack, world: Tenant) -> None:
+    secret = "the vault PIN is 4711"
+    with stack.http(world.keys["w"]) as http:
+        body = {"ids": ["pin"], "embeddings": [V[5]], "documents": [secret], "metadatas": [{"mw_scope": "agent"}]}
+        assert http.post(data(world, "add"), json=body).status_code == 200
+        assert http.post(data(world, "delete"), json={"ids": ["pin"]}).json() == {"deleted": 1}
+        again = {"ids": ["pin2"], "embeddings": [V[5]], "documents": ["The  Vault PIN is 4711 "]}
+        assert http.post(data(world, "add"), json=again).status_code == 409  # normalised text matches
+    with stack.http(world.keys["blue"]) as http:  # never could read it: its write is not refused
+        assert http.post(data(world, "add"), json={"ids": ["pin3"], "embeddings": [V[5]], "documents": [secret]}).status_code == 200
+
+
+def test_limit_zero_returns_no_rows(stack: Stack, world: Tenant) -> None:
+    with stack.http(world.keys["w"]) as http:
+        assert http.post(data(world, "get"), json={"limit": 0}).json()["ids"] == []
+
+
+def test_crash_between_tombstone_and_backend_delete_never_resurrects(tmp_path: Path) -> None:
+    chroma = start_chroma(tmp_path / "chroma")
+    try:
+        side = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES, extra_env={"MEMWARDEN_FAILPOINTS": "after-tombstone"})
+        stack = Stack(chroma, side, tmp_path / "ledger.db")
+        t = stack.tenant("crash")
+        key = stack.key(t.name, "red", "w", 1)
+        with stack.http(key) as http:
+            assert http.post(data(t, "add"), json={"ids": ["doomed"], "embeddings": [V[6]], "documents": ["doomed"]}).status_code == 200
+            with pytest.raises(httpx.TransportError):
+                http.post(data(t, "delete"), json={"ids": ["doomed"]})  # the sidecar is SIGKILLed mid-delete
+        side.proc.wait(timeout=30)
+        assert side.proc.returncode == -signal.SIGKILL
+        direct = stack.direct(t.name).get_collection(t.collection)
+        assert direct.get(ids=["doomed"])["ids"] == ["doomed"]  # still in the backend: the crash window
+        side = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES)  # restart, no failpoint
+        stack = Stack(chroma, side, tmp_path / "ledger.db")
+        with stack.http(key) as http:
+            assert http.post(data(t, "get"), json={"ids": ["doomed"]}).json()["ids"] == []
+            assert http.get(data(t, "count")).json() == 0
+            q = http.post(data(t, "query"), json={"query_embeddings": [V[6]], "n_results": 3}).json()
+            assert "doomed" not in q["ids"][0]
+        deadline = time.monotonic() + 20  # the start-up reconciler completes the backend delete
+        while direct.get(ids=["doomed"])["ids"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert direct.get(ids=["doomed"])["ids"] == []
+        side.stop()
+    finally:
+        chroma.stop()
