@@ -1,7 +1,8 @@
 """ASGI application: `create_app(settings)` wires ledger, PDP, backend profile and pipeline.
 
-Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend);
-everything else goes through the pipeline. Start-up fails (PolicyLoadError) when the policy set or
+Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend),
+``/_memwarden/metrics`` (Prometheus); everything else goes through the pipeline, including the
+authenticated ``/_memwarden/memories/{id}/lineage`` (`sidecar.lineage`). Start-up fails (PolicyLoadError) when the policy set or
 schema does not load.
 """
 
@@ -32,7 +33,9 @@ from sidecar.policy import PolicyEngine
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
-INTERNAL_PREFIX = b"/_memwarden/"
+# Unauthenticated operational routes served by FastAPI; every other path (``/_memwarden/memories/…``
+# included) goes through the pipeline, which authenticates first.
+INTERNAL_ROUTES = frozenset({b"/_memwarden/healthz", b"/_memwarden/readyz", b"/_memwarden/metrics"})
 
 
 class Services:
@@ -58,7 +61,7 @@ class Services:
         self.authz = Authorizer(self.policy, self.ledger)  # type: ignore[arg-type]
         profile_cls = Mem0Profile if settings.backend == "mem0" else ChromaProfile
         self.profile = profile_cls(settings, self.upstream, self.ledger, self.authz)
-        self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes)
+        self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz)
         instrument_reconciler(self.profile, self.ledger, self.metrics)
 
 
@@ -122,7 +125,7 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
 
 
 class PipelineMiddleware:
-    """Outermost ASGI layer: every HTTP request whose raw path is not under ``/_memwarden/`` goes
+    """Outermost ASGI layer: every HTTP request whose raw path is not one of `INTERNAL_ROUTES` goes
     through the pipeline — before any framework routing, so no path form (newlines, unmatched
     characters, any method) can be answered by anything but the pipeline."""
 
@@ -133,7 +136,7 @@ class PipelineMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("raw_path") or scope.get("path", "").encode("latin-1", "replace")
-        if scope["type"] != "http" or raw.startswith(INTERNAL_PREFIX):
+        if scope["type"] != "http" or raw in INTERNAL_ROUTES:
             await self.app(scope, receive, send)
             return
         status, body, ex = await self.pipeline.run(dict(scope), receive)

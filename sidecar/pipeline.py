@@ -1,6 +1,6 @@
 """The request pipeline of DESIGN.md §1 and its fail-closed outer guard.
 
-    canonicalize → authenticate → route → [profile: authorize → rewrite → forward → filter] → record
+    canonicalize → authenticate → route (``/_memwarden/memories/{id}/lineage``: `sidecar.lineage`) → [profile: authorize → rewrite → forward → filter] → record
 
 `Pipeline.run` never raises: a `MemwardenError` becomes its status and JSON body; any other
 exception becomes 500 with no backend data (fail closed, cf. starlette's ServerErrorMiddleware —
@@ -13,12 +13,13 @@ from typing import Any
 
 import structlog
 
-from sidecar import decisionlog
+from sidecar import decisionlog, lineage
 from sidecar.backends.base import Profile
 from sidecar.errors import MemwardenError, NotFound, PayloadTooLarge, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
 from sidecar.stages import canonicalize
+from sidecar.stages.authorize import Authorizer
 
 log = structlog.get_logger("memwarden.pipeline")
 
@@ -26,9 +27,10 @@ log = structlog.get_logger("memwarden.pipeline")
 class Pipeline:
     """Ordered stages around one backend profile."""
 
-    def __init__(self, profile: Profile, ledger: Ledger, max_body_bytes: int) -> None:
+    def __init__(self, profile: Profile, ledger: Ledger, max_body_bytes: int, authz: Authorizer) -> None:
         self.profile = profile
         self.ledger = ledger
+        self.authz = authz
         self.max_body_bytes = max_body_bytes
 
     async def run(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, Exchange]:
@@ -64,7 +66,11 @@ class Pipeline:
         raw = await self._read_body(receive)
         ctype = headers.get("content-type", [None])[0]
         ex.body = canonicalize.parse_json_body(raw, ctype)
-        # 3. route: an unmapped route is never forwarded
+        # 3. route: memwarden's own governed routes, then the profile's; an unmapped route is never forwarded
+        if ex.segments[:2] == ["_memwarden", "memories"]:
+            if ex.method != "GET" or len(ex.segments) != 4 or ex.segments[3] != "lineage" or not ex.segments[2]:
+                raise NotFound("no such route")
+            return 200, lineage.lineage(ex, self.profile, self.ledger, self.authz, ex.segments[2])
         route = self.profile.match(ex.method, ex.segments)
         if route is None:
             raise NotFound("no such route")

@@ -872,6 +872,18 @@ class ChromaProfile:
                     await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": back})
                     done += len(back)
 
+    def lineage_collection(self, ex: Exchange) -> str:
+        """``?collection=<uuid>`` of a collection registered to the caller's tenant (else 404), after
+        the collection-level ``list`` decision (as get and count)."""
+        coll = ex.query.get("collection")
+        if not coll:
+            raise BadRequest("collection (the collection UUID) is required")
+        rec = self.ledger.get_collection(BACKEND, coll)
+        if rec is None or rec.tenant != self._p(ex).tenant:
+            raise NotFound("collection not found")
+        self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return rec.collection_id
+
 
 def _crash() -> None:
     """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""

@@ -760,3 +760,10 @@ class Mem0Profile:
         if done:
             self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
         return len(done)
+
+    def lineage_collection(self, ex: Exchange) -> str:
+        """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""
+        if ex.query.get("collection", self.coll) != self.coll:
+            raise NotFound(NOT_FOUND)
+        self._require(ex, "list")
+        return self.coll

@@ -93,6 +93,19 @@ def test_probes(ledger: SQLiteLedger) -> None:
     assert value(samples(client), "memwarden_ready") == 1
 
 
+def test_only_the_three_operational_routes_skip_authentication(ledger: SQLiteLedger) -> None:
+    client, seen = make(ledger)
+    key = ledger.create_key("agent", "t", "f", "a", 1)[1]
+    for path in ("/_memwarden/docs", "/_memwarden/%6Detrics", "/_memwarden/healthz/", "/_memwarden/memories/r1/lineage",
+                 "/_memwarden/openapi.json"):
+        assert client.get(path).status_code == 401, path  # the pipeline answers, and authenticates first
+    authed = {"Authorization": f"Bearer {key}"}
+    assert client.get("/_memwarden/docs", headers=authed).status_code == 404
+    assert client.get("/_memwarden/%6Detrics", headers=authed).status_code == 404
+    assert client.get(f"/_memwarden/memories/r1/lineage?collection={CID}", headers=authed).status_code == 404
+    assert seen == []  # none of it reached the backend
+
+
 def test_readyz_is_503_when_backend_or_ledger_is_down(ledger: SQLiteLedger, tmp_path: Path) -> None:
     client, _ = make(ledger, handler=down)
     assert client.get("/_memwarden/healthz").status_code == 200  # the process is up
