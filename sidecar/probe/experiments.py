@@ -144,29 +144,35 @@ async def propagation(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, siz
 async def contradiction(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
     """Pairs of contradicting facts on a single-valued predicate, near-identical wording.
 
-    Per pair: the superseded fact must not be served (expected deny; a stale read is a leak) and the
-    newest must be (expected allow). Detection rate = 1 − stale-read rate.
+    Both targets get the same facts (subject, ``pipeline_status``, paused → running): through the
+    sidecar as the governed triple ``mw_subject``/``mw_predicate``/``mw_object`` (``pipeline_status`` is
+    single-valued in the default ``policies/single_valued.txt``, so the newer fact supersedes the older),
+    directly as the same values in plain metadata. Per pair the reader asks for the facts about
+    (subject, predicate): the superseded fact must not be served (expected deny; a stale read is a
+    leak) and the newest must be (expected allow). Detection rate = 1 − stale-read rate. Sequential
+    pairs are also searched with the superseded fact's own embedding (``sequential-search``).
     """
     tenant, fleet = plan.tenants[0], plan.fleets[0]
     writer = plan.owner(tenant, fleet)
     reader = plan.fleet_agents(tenant, fleet)[1]
+    predicate = "pipeline_status"
     for mode in ("sequential", "concurrent"):
         for i in range(sizes.contradiction_facts):
             subject = f"{plan.nonce}-svc{i}-{mode}"
             old_text = f"[{plan.nonce}] The deploy pipeline of service {subject} is paused for maintenance."
             new_text = f"[{plan.nonce}] The deploy pipeline of service {subject} is running after maintenance."
             v_old, v_new = embed([old_text, new_text])
-            meta = {"subject": subject, "predicate": "pipeline_status"}
+            old_meta, new_meta = t.fact(subject, predicate, "paused"), t.fact(subject, predicate, "running")
             ids = (f"{subject}-old", f"{subject}-new")
             if mode == "sequential":
-                a = await t.add(writer, ids[0], old_text, v_old, "fleet", {**meta, "object": "paused"})
-                b = await t.add(writer, ids[1], new_text, v_new, "fleet", {**meta, "object": "running"})
+                a = await t.add(writer, ids[0], old_text, v_old, "fleet", old_meta)
+                b = await t.add(writer, ids[1], new_text, v_new, "fleet", new_meta)
             else:
-                a, b = await asyncio.gather(t.add(writer, ids[0], old_text, v_old, "fleet", {**meta, "object": "paused"}),
-                                            t.add(writer, ids[1], new_text, v_new, "fleet", {**meta, "object": "running"}))
+                a, b = await asyncio.gather(t.add(writer, ids[0], old_text, v_old, "fleet", old_meta),
+                                            t.add(writer, ids[1], new_text, v_new, "fleet", new_meta))
             for w in (a, b):
                 ev.latency("contradiction", t.name, "write", w.ms)
-            got = await t.get(reader, where={"$and": [{"subject": subject}, {"predicate": "pipeline_status"}]})
+            got = await t.get(reader, where=t.fact_where(subject, predicate))
             ids_seen = set(got.body.get("ids") or []) if got.ok and isinstance(got.body, dict) else set()
             both = a.ok and b.ok
             if mode == "sequential":
@@ -176,6 +182,10 @@ async def contradiction(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, s
             for path in (mode, f"{mode}-both-admitted") if both else (mode,):
                 ev.probe("contradiction", t.name, path, reader.uid, subject, False, stale, got)
                 ev.probe("contradiction", t.name, f"{path}-newest", reader.uid, subject, True, newest, got)
+            if mode == "sequential" and both:
+                found = await t.search(reader, v_old, sizes.search_k)
+                ev.probe("contradiction", t.name, "sequential-search", reader.uid, subject, False,
+                         returned(found, ids[0], old_text), found)
 
 
 async def provenance(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:

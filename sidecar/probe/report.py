@@ -89,7 +89,9 @@ def _plots(run_dir: Path, paths: list[PathSummary], lats: list[LatencySummary]) 
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(labels) + 2), 4.5))
         width = 0.4
         for offset, target in ((-width / 2, "direct"), (width / 2, "sidecar")):
-            xs, ys, err = [], [], [[], []]
+            xs: list[float] = []
+            ys: list[float] = []
+            err: list[list[float]] = [[], []]
             for i, label in enumerate(labels):
                 p = next((q for q in items if f"{q.experiment}/{q.path}" == label and q.target == target), None)
                 if p is None:

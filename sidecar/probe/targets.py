@@ -1,8 +1,9 @@
 """HTTP targets for the probe: a Chroma v2 server directly (baseline) or through the sidecar.
 
 Both speak Chroma's v2 API. The direct target models an application that keeps governance hints in
-plain metadata (``scope``, ``owner``, ``writer``) it cannot enforce; the sidecar target requests
-``mw_scope`` and reads the sidecar-stamped ``mw_writer``. Requests share one async client with a
+plain metadata (``scope``, ``owner``, ``writer``, a fact's ``subject``/``predicate``/``object``) it
+cannot enforce; the sidecar target requests ``mw_scope``, states facts as the governed triple
+``mw_subject``/``mw_predicate``/``mw_object`` (supersession) and reads the sidecar-stamped ``mw_writer``. Requests share one async client with a
 concurrency cap and a rate limit; retries only on transport errors, 429 and 5xx (3 attempts).
 """
 
@@ -42,9 +43,10 @@ class ChromaTarget:
     concurrency: int = 8
     rate_per_s: float = 500.0
     supports: frozenset[str] = frozenset()
+    transport: httpx.AsyncBaseTransport | None = None  # tests: an httpx.MockTransport instead of the network
 
     def __post_init__(self) -> None:
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30.0, trust_env=False,
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30.0, trust_env=False, transport=self.transport,
                                          limits=httpx.Limits(max_connections=self.concurrency))
         self._sem = asyncio.Semaphore(self.concurrency)
         self._next = 0.0
@@ -122,6 +124,17 @@ class ChromaTarget:
 
     async def delete(self, agent: Agent, ids: list[str]) -> Result:
         return await self.call(agent, "POST", "delete", {"ids": ids})
+
+    def fact(self, subject: str, predicate: str, obj: str) -> dict[str, str]:
+        """Metadata stating the fact (subject, predicate, object): the governed triple through the sidecar
+        (a single-valued predicate supersedes the current fact), the same values as plain keys directly."""
+        prefix = "mw_" if self.governed else ""
+        return {f"{prefix}subject": subject, f"{prefix}predicate": predicate, f"{prefix}object": obj}
+
+    def fact_where(self, subject: str, predicate: str) -> dict[str, Any]:
+        """A ``where`` selecting the facts about (subject, predicate) written with `fact`."""
+        prefix = "mw_" if self.governed else ""
+        return {"$and": [{f"{prefix}subject": subject}, {f"{prefix}predicate": predicate}]}
 
     def writer_of(self, metadata: dict[str, Any] | None) -> str | None:
         """The writer the target records for a row (stamped by the sidecar; client-claimed directly)."""

@@ -48,10 +48,28 @@ def test_sidecar_closes_what_direct_chroma_leaks(run_dir: Path) -> None:
     assert by[("leakage", "search", "direct")].leak.k > 0
     assert by[("propagation", "foreign-get", "direct")].leak.k > 0
     for p in paths:
-        if p.target == "sidecar" and p.experiment in ("leakage", "propagation", "forgetting"):
+        if p.target == "sidecar" and p.experiment in ("leakage", "propagation", "contradiction", "forgetting"):
             assert p.leak.k == 0 and p.miss.k == 0, p
     assert by[("leakage", "get", "sidecar")].leak.n > 50 and by[("leakage", "get", "sidecar")].miss.n > 10
     assert by[("provenance", "writer", "sidecar")].miss.k == 0
+
+
+def test_sidecar_supersession_removes_stale_reads_that_direct_chroma_serves(run_dir: Path) -> None:
+    """Through the sidecar the contradicting facts are one governed triple on a single-valued predicate,
+    so the older fact is superseded: stale-read rate 0, newest-visible rate 1. Chroma alone serves both."""
+    paths, _, _ = summarize(read_events(run_dir))
+    by = {(p.experiment, p.path, p.target): p for p in paths}
+    facts = Sizes.tiny().contradiction_facts
+    for mode in ("sequential", "concurrent"):
+        for path in (mode, f"{mode}-both-admitted"):  # every write admitted on both targets
+            side, direct = by[("contradiction", path, "sidecar")].leak, by[("contradiction", path, "direct")].leak
+            assert (side.k, side.n) == (0, facts), path
+            assert (direct.k, direct.n) == (facts, facts), path  # measured: Chroma serves both facts
+            for target in ("sidecar", "direct"):
+                newest = by[("contradiction", f"{path}-newest", target)].miss
+                assert (newest.k, newest.n) == (0, facts), (path, target)
+    search = {t: by[("contradiction", "sequential-search", t)].leak for t in ("sidecar", "direct")}
+    assert (search["sidecar"].k, search["sidecar"].n) == (0, facts) and search["direct"].k > 0
 
 
 def test_report_is_recomputed_from_events_alone(run_dir: Path) -> None:
