@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -65,6 +68,114 @@ def provision(r: Replicas) -> tuple[str, str]:
     adm.create_database("default_database", tenant=name)
     coll = chroma_client(r.a.port, name, {"X-API-Key": admin}).create_collection("mem")
     return name, str(coll.id)
+
+
+def data(s: Server, tenant: str, cid: str, op: str, query: str = "") -> str:
+    return f"{s.url}/api/v2/tenants/{tenant}/databases/default_database/collections/{cid}/{op}{query}"
+
+
+def served(s: Server, key: str, tenant: str, cid: str, op: str, body: Any = None, query: str = "") -> Any:
+    """One data-route call through replica `s`; asserts 200 and returns the JSON answer."""
+    method = "GET" if op == "count" else "POST"
+    r = httpx.request(method, data(s, tenant, cid, op, query), json=body, headers={"X-API-Key": key}, timeout=60,
+                      trust_env=False)
+    assert r.status_code == 200, (s.url, op, r.status_code, r.text)
+    return r.json()
+
+
+def test_concurrent_contradicting_writes_across_replicas_leave_one_active_fact(replicas: Replicas) -> None:
+    """30 writes of one single-valued (subject, predicate), released together and split across both
+    replicas: one active row, the same one served by both, 29 superseded in one chain, none lost."""
+    n = 30
+    tenant, cid = provision(replicas)
+    _, writer = replicas.key(tenant, "red", "w", 1)
+    _, reader = replicas.key(tenant, "red", "r", 0)
+    v = unit_vectors(n, seed=31)
+    ids = [f"loc{i}" for i in range(n)]
+    start = threading.Barrier(n)
+
+    def write(i: int) -> int:
+        body = {"ids": [ids[i]], "embeddings": [v[i]], "documents": [f"the deploy target is region-{i}"],
+                "metadatas": [{"mw_scope": "fleet", "mw_subject": "deploy", "mw_predicate": "location",
+                               "mw_object": f"region-{i}"}]}
+        server = (replicas.a, replicas.b)[i % 2]
+        start.wait(timeout=60)
+        return httpx.post(data(server, tenant, cid, "add"), json=body, headers={"X-API-Key": writer}, timeout=60,
+                          trust_env=False).status_code
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        statuses = list(pool.map(write, range(n)))
+    assert statuses == [200] * n
+    where = {"$and": [{"mw_subject": "deploy"}, {"mw_predicate": "location"}]}
+    active: dict[str, list[str]] = {}
+    for s in (replicas.a, replicas.b):
+        for key in (writer, reader):
+            got = served(s, key, tenant, cid, "get", {"where": where})
+            assert len(got["ids"]) == 1, (s.url, got["ids"])
+            active.setdefault(s.url, []).append(got["ids"][0])
+            assert served(s, key, tenant, cid, "count") == 1
+            hits = served(s, key, tenant, cid, "query", {"query_embeddings": [v[0]], "n_results": n})["ids"][0]
+            assert hits == got["ids"], s.url
+            every = served(s, key, tenant, cid, "get", {"where": where}, "?include_superseded=true")["ids"]
+            assert sorted(every) == sorted(ids), s.url
+    winner = active[replicas.a.url][0]
+    assert len(active) == 2 and all(x == winner for xs in active.values() for x in xs), active
+    # The ledger knows all 30: one active, 29 superseded, linked into a single chain ending at the winner.
+    ledger = replicas.ledger()
+    try:
+        rows = ledger.get_rows("chroma", cid, ids)
+        fact = ledger.active_fact("chroma", tenant, "deploy", "location")
+    finally:
+        ledger.close()
+    assert sorted(rows) == sorted(ids)
+    assert Counter(r.status for r in rows.values()) == {"active": 1, "superseded": n - 1}
+    assert fact is not None and fact.row_id == winner
+    chain: list[str] = []
+    current = rows[winner]
+    while current.supersedes is not None:
+        chain.append(current.supersedes[1])
+        current = rows[current.supersedes[1]]
+    assert sorted(chain + [winner]) == sorted(ids)  # serialised: every write superseded exactly its predecessor
+    assert all(r.superseded_by is not None for r in rows.values() if r.status == "superseded")
+
+
+def test_delete_through_a_cascades_to_a_row_derived_through_b(replicas: Replicas, chroma_server: Server) -> None:
+    """A parent written and deleted through A, a row derived from it (``mw_derived_from``) written by
+    another agent through B: after the delete neither is served by either replica, to anyone, on get,
+    query or count (superseded rows included), and both are tombstoned in the ledger and gone from Chroma."""
+    tenant, cid = provision(replicas)
+    _, owner = replicas.key(tenant, "red", "w", 1)
+    _, peer = replicas.key(tenant, "red", "peer", 1)
+    _, mate = replicas.key(tenant, "red", "mate", 0)
+    _, boss = replicas.key(tenant, "blue", "boss", 3)
+    v = unit_vectors(3, seed=41)
+    served(replicas.a, owner, tenant, cid, "add", {"ids": ["obs"], "embeddings": [v[0]], "documents": ["observation 42"],
+                                                    "metadatas": [{"mw_scope": "fleet"}]})
+    served(replicas.b, peer, tenant, cid, "add", {"ids": ["hyp"], "embeddings": [v[1]], "documents": ["hypothesis from 42"],
+                                                   "metadatas": [{"mw_scope": "fleet", "mw_derived_from": "obs"}]})
+    served(replicas.b, peer, tenant, cid, "add", {"ids": ["other"], "embeddings": [v[2]], "documents": ["unrelated note"],
+                                                   "metadatas": [{"mw_scope": "fleet"}]})
+    keys = (owner, peer, mate, boss)
+    for s in (replicas.a, replicas.b):  # both rows are served before the delete
+        got = served(s, mate, tenant, cid, "get", {"ids": ["obs", "hyp"]})
+        assert sorted(got["ids"]) == ["hyp", "obs"] and served(s, mate, tenant, cid, "count") == 3
+    assert served(replicas.a, owner, tenant, cid, "delete", {"ids": ["obs"]}) == {"deleted": 1}
+    for s in (replicas.a, replicas.b):
+        for key in keys:
+            for query in ("", "?include_superseded=true"):
+                assert served(s, key, tenant, cid, "get", {"ids": ["obs", "hyp"]}, query)["ids"] == [], (s.url, query)
+                assert served(s, key, tenant, cid, "get", {}, query)["ids"] == ["other"], (s.url, query)
+                hits = served(s, key, tenant, cid, "query", {"query_embeddings": [v[0], v[1]], "n_results": 3}, query)["ids"]
+                assert hits == [["other"], ["other"]], (s.url, query)
+                assert served(s, key, tenant, cid, "count", query=query) == 1, (s.url, query)
+    ledger = replicas.ledger()
+    try:
+        statuses = {i: r.status for i, r in ledger.get_rows("chroma", cid, ["obs", "hyp", "other"]).items()}
+    finally:
+        ledger.close()
+    assert statuses == {"obs": "deleted", "hyp": "deleted", "other": "active"}
+    # and the derived row is gone from Chroma itself, not only hidden
+    assert chroma_client(chroma_server.port, tenant).get_collection("mem").get(ids=["obs", "hyp"])["ids"] == []
 
 
 def test_both_replicas_ready_on_postgres(replicas: Replicas) -> None:
