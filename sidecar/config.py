@@ -24,7 +24,9 @@ class Settings(BaseSettings):
         default="confine", description="Mem0 adds with infer=true: confine to the caller's own rows, or refuse (400)")
     backend_url: HttpUrl = Field(default=HttpUrl("http://127.0.0.1:8000"), description="base URL of the backend")
     backend_token: str | None = Field(default=None, description="credential the sidecar sends to the backend")
-    backend_auth_header: str = Field(default="Authorization", description="header carrying backend_token")
+    backend_auth_header: str = Field(
+        default="Authorization",
+        description="header carrying backend_token; default Authorization (Bearer) for chroma, X-API-Key for mem0")
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
@@ -87,6 +89,15 @@ class Settings(BaseSettings):
         if not Path(path).is_file():
             raise ValueError(f"MEMWARDEN_CONFIG_FILE={path}: no such file")
         return init_settings, env_settings, dotenv_settings, TomlConfigSettingsSource(settings_cls, Path(path)), file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_auth_header_default(cls, data: object) -> object:
+        """Mem0's REST server reads its admin key from ``X-API-Key`` and answers 401 to a Bearer token
+        (compared against Mem0's own server, README); Chroma's token auth takes ``Authorization: Bearer``."""
+        if isinstance(data, dict) and data.get("backend_auth_header") is None and data.get("backend") == "mem0":
+            data = {**data, "backend_auth_header": "X-API-Key"}
+        return data
 
     @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":

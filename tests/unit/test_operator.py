@@ -3,6 +3,7 @@ invariant-violating sets), shadow mode, decision-log sinks and masking."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from starlette.testclient import TestClient
 
 from sidecar import Settings, create_app
 from sidecar.ledger import CollectionRecord, SQLiteLedger
+from sidecar.stages.forward import Upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
@@ -281,6 +283,27 @@ def test_config_file_environment_precedence(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("MEMWARDEN_CONFIG_FILE", str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="MEMWARDEN_CONFIG_FILE"):
         Settings()
+
+
+def test_backend_credential_header_follows_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[httpx.Request] = []
+    monkeypatch.delenv("MEMWARDEN_BACKEND_AUTH_HEADER", raising=False)
+    monkeypatch.setenv("MEMWARDEN_BACKEND", "mem0")
+    assert Settings().backend_auth_header == "X-API-Key"  # Mem0's server answers 401 to a Bearer token
+    assert Settings(backend="chroma").backend_auth_header == "Authorization"
+    monkeypatch.setenv("MEMWARDEN_BACKEND_AUTH_HEADER", "Authorization")
+    assert Settings().backend_auth_header == "Authorization"  # an explicit choice wins
+    monkeypatch.delenv("MEMWARDEN_BACKEND_AUTH_HEADER")
+    s = Settings(backend_token="admin-secret")
+
+    async def go() -> None:
+        up = Upstream("http://mem0:8888", timeout_s=1, max_connections=1, auth_header=s.backend_auth_header, token=s.backend_token,
+                      transport=httpx.MockTransport(lambda r: (seen.append(r), httpx.Response(200, json=[]))[1]))
+        await up.call("GET", ["memories"])
+        await up.close()
+
+    asyncio.run(go())
+    assert seen[0].headers["x-api-key"] == "admin-secret" and "authorization" not in seen[0].headers
 
 
 def _configmap_layout(root: Path, version: str, source: Path) -> None:
