@@ -1,23 +1,51 @@
-"""Provenance helpers shared by every backend profile (DESIGN.md §4).
+"""Provenance, supersession and deletion closure shared by every backend profile (DESIGN.md §4).
+
+Pure helpers:
 
 - `content_digest`: keyed HMAC-SHA256 over normalised text (Unicode NFKC, case-folded, whitespace
   collapsed), so a deleted memory's content cannot be re-written under another id without the text.
 - `load_single_valued`: the predicates declared single-valued in ``policies/single_valued.txt``
   (one predicate per line, ``#`` comments). A triple with such a predicate supersedes the active row
   for the same (tenant, subject, predicate).
+- `split_metadata`: a client's metadata → (plain keys, requested governance and provenance keys).
+- `provenance_metadata`: the ``mw_source``/``mw_derived_from``/triple keys stamped into a row.
+- `history_view`: the ``include_superseded`` / ``as_of`` query parameters.
+
+`Provenance` holds the rules a profile applies around its backend calls — parents must be
+readable, superseding needs ``update`` on the current fact, deleted content may not come back where
+the writer could read it, links to superseded rows only where readable, deletion closure — so each
+profile only maps its own row shapes (Chroma columns, Mem0 memories) onto them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import re
 import unicodedata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from sidecar.errors import BadRequest, Conflict, Forbidden
+from sidecar.governance import SCOPES, Principal, Row, agent_id
+from sidecar.ledger.base import now_us
+
+if TYPE_CHECKING:
+    from sidecar.exchange import Exchange
+    from sidecar.ledger import Ledger
+    from sidecar.stages.authorize import Authorizer
 
 SINGLE_VALUED_FILE = "single_valued.txt"
 _WS = re.compile(r"\s+")
 _PREDICATE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+GOVERNED_PREFIX = "mw_"
+# Requestable on a new row only (provenance and the triple are fixed once written).
+WRITE_ONCE = ("mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
+# Governed metadata keys a client may request; the sidecar stamps these and the rest.
+REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers") + WRITE_ONCE
+FIXED_ONCE_WRITTEN = "provenance and triples are fixed once written; write a new row instead"
 
 
 def normalise(text: str) -> str:
@@ -46,3 +74,208 @@ def load_single_valued(policies_dir: Path) -> frozenset[str]:
             raise ValueError(f"{path}:{n}: {item!r} is not a predicate name")
         out.add(item)
     return frozenset(out)
+
+
+def split_metadata(p: Principal, meta: Any, *, not_object: str, reserved: Iterable[str] = ()
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split client metadata into (plain, requested governance). Raises `BadRequest` (400) for any
+    ``mw_`` key outside `REQUESTABLE`, a non-string requested value, a key in `reserved`, a bad scope,
+    fleet or reader list, an empty ``mw_derived_from`` or an incomplete triple; `not_object` is the
+    message when `meta` is neither an object nor None.
+
+    Requested values come back parsed: ``mw_readers`` as a tuple of agent uids ``t/f/a``,
+    ``mw_derived_from`` as a tuple of parent row ids (order kept, duplicates dropped).
+    """
+    if meta is None:
+        return {}, {}
+    if not isinstance(meta, dict):
+        raise BadRequest(not_object)
+    reserved = set(reserved)
+    plain: dict[str, Any] = {}
+    requested: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key.startswith(GOVERNED_PREFIX):
+            if key not in REQUESTABLE:
+                raise BadRequest(f"metadata key {key!r} is governed by memwarden and cannot be set")
+            if not isinstance(value, str):
+                raise BadRequest(f"{key} must be a string")
+            requested[key] = value
+        elif key in reserved:
+            raise BadRequest(f"{key} cannot be set through metadata")
+        else:
+            plain[key] = value
+    if "mw_scope" in requested and requested["mw_scope"] not in SCOPES:
+        raise BadRequest(f"mw_scope must be one of {', '.join(SCOPES)}")
+    if "mw_fleet" in requested and (not requested["mw_fleet"] or "/" in requested["mw_fleet"] or ":" in requested["mw_fleet"]):
+        raise BadRequest("mw_fleet must be a fleet name of your tenant")
+    if "mw_readers" in requested:
+        readers = []
+        for item in filter(None, (s.strip() for s in requested["mw_readers"].split(","))):
+            fleet, sep, agent = item.partition("/")
+            if not sep or not fleet or not agent or "/" in agent:
+                raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
+            readers.append(agent_id(p.tenant, fleet, agent))
+        requested["mw_readers"] = tuple(dict.fromkeys(readers))
+    if "mw_derived_from" in requested:
+        parents = [x.strip() for x in requested["mw_derived_from"].split(",") if x.strip()]
+        if not parents:
+            raise BadRequest("mw_derived_from must name at least one parent id")
+        requested["mw_derived_from"] = tuple(dict.fromkeys(parents))
+    triple = [k for k in ("mw_subject", "mw_predicate", "mw_object") if k in requested]
+    if triple and len(triple) != 3:
+        raise BadRequest("a triple needs mw_subject, mw_predicate and mw_object")
+    return plain, requested
+
+
+def provenance_metadata(row: Row) -> dict[str, Any]:
+    """``mw_source``, and where set ``mw_derived_from`` (``"id1,id2"``) and the triple, of a ledger row."""
+    out: dict[str, Any] = {"mw_source": row.source}
+    if row.derived_from:
+        out["mw_derived_from"] = ",".join(r for _, r in row.derived_from)
+    for name in ("subject", "predicate", "object"):
+        if getattr(row, name) is not None:
+            out[f"mw_{name}"] = getattr(row, name)
+    return out
+
+
+def history_view(query: Mapping[str, str]) -> tuple[bool, int | None]:
+    """``?include_superseded=true|false`` and ``?as_of=<UTC µs>`` → (include_superseded, as_of).
+    Both widen what is servable, never what Cedar's ``read`` permits. Raises `BadRequest` (400)."""
+    flag = query.get("include_superseded", "false")
+    if flag not in ("true", "false"):
+        raise BadRequest("include_superseded must be true or false")
+    as_of = query.get("as_of")
+    if as_of is not None and not as_of.isdigit():
+        raise BadRequest("as_of must be a UTC timestamp in microseconds")
+    return flag == "true", int(as_of) if as_of is not None else None
+
+
+class Provenance:
+    """The §4 rules of one backend profile, over the ledger and the Cedar authorizer.
+
+    `backend` is the ledger backend key (``"chroma"``, ``"mem0"``); collections are ledger collection
+    ids. Every check raises the project's own errors (`Forbidden` 403, `Conflict` 409) and marks the
+    exchange denied; none calls the backend.
+    """
+
+    def __init__(self, backend: str, policies_dir: Path, ledger: Ledger, authz: Authorizer) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.authz = authz
+        self.single_valued = load_single_valued(policies_dir)
+        self.content_key = ledger.content_key()
+
+    def digest(self, text: str) -> str:
+        return content_digest(self.content_key, text)
+
+    def new_row(self, ex: Exchange, collection: str, row_id: str, requested: dict[str, Any], text: Any,
+                extra: dict[str, Any] | None = None) -> Row:
+        """A new row owned and written by the caller: governance from `requested` (default scope
+        ``fleet``, the caller's fleet), provenance (source ``<backend>:<operation>:<request id>``,
+        parents in `collection`), the triple, and the content HMAC when `text` is a string."""
+        assert ex.principal is not None
+        p = ex.principal
+        predicate = requested.get("mw_predicate")
+        return Row(
+            backend=self.backend, collection=collection, row_id=row_id, tenant=p.tenant,
+            fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1],
+            scope=requested.get("mw_scope", "fleet"), writer=p.uid[1], created_at=now_us(),
+            readers=requested.get("mw_readers", ()), request_id=ex.request_id,
+            source=f"{self.backend}:{ex.operation}:{ex.request_id}",
+            derived_from=tuple((collection, parent) for parent in requested.get("mw_derived_from", ())),
+            subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),
+            single_valued=predicate in self.single_valued,
+            content_hmac=self.digest(text) if isinstance(text, str) else None,
+            extra=extra or {},
+        )
+
+    def check_parents(self, ex: Exchange, rows: list[Row]) -> None:
+        """Every named parent must exist and be readable by the writer (superseded ones included);
+        else 403, the same for a missing, foreign or deleted parent (existence is not revealed)."""
+        by_collection: dict[str, list[str]] = {}
+        for row in rows:
+            for collection, parent in row.derived_from:
+                by_collection.setdefault(collection, [])
+                if parent not in by_collection[collection]:
+                    by_collection[collection].append(parent)
+        for collection, parents in by_collection.items():
+            readable = self.authz.readable(ex, self.backend, collection, parents, include_superseded=True)
+            if len(readable) != len(parents):
+                ex.decision = "deny"
+                raise Forbidden("derived_from names a memory you cannot read")
+
+    def check_supersession(self, ex: Exchange, rows: list[Row]) -> None:
+        """Replacing the active fact for (tenant, subject, predicate) needs `update` on that row;
+        a fact the writer cannot read answers 403 exactly like one it may read but not update."""
+        current = [f for f in (self.ledger.active_fact(self.backend, r.tenant, r.subject or "", r.predicate or "")
+                               for r in rows if r.single_valued) if f is not None]
+        if current and not all(d.allowed for d in self.authz.decide_rows(ex, "update", current)):
+            ex.decision = "deny"
+            raise Forbidden("superseding this fact is not permitted")
+
+    def forgotten(self, ex: Exchange, rows: list[Row]) -> list[Row]:
+        """Those of `rows` whose content HMAC is a deleted row's that this writer could read (judged
+        as that row was, active) and that policy does not let it `reassert`. Deleted content the
+        writer could never read is not an oracle: it is never flagged."""
+        assert ex.principal is not None
+        digests = [r.content_hmac for r in rows if r.content_hmac]
+        if not digests:
+            return []
+        gone = self.ledger.content_copies(self.backend, ex.principal.tenant, digests, deleted=True)
+        if not gone:
+            return []
+        as_was = [dataclasses.replace(g, status="active") for g in gone]
+        known = self.authz.decide_rows(ex, "read", as_was)
+        hits = {g.content_hmac for g, d in zip(gone, known) if d.allowed}
+        flagged = [r for r in rows if r.content_hmac in hits]
+        decisions = self.authz.decide_rows(ex, "reassert", flagged)
+        return [r for r, d in zip(flagged, decisions) if not d.allowed]
+
+    def check_forgotten(self, ex: Exchange, rows: list[Row]) -> None:
+        """409 when any of `rows` carries deleted content this writer could read (see `forgotten`)."""
+        if self.forgotten(ex, rows):
+            ex.decision = "deny"
+            raise Conflict("this content was deleted and may not be written again")
+
+    def links(self, ex: Exchange, collection: str, row_ids: list[str]) -> dict[str, dict[str, str]]:
+        """Per row id, the ``mw_supersedes_id`` / ``mw_superseded_by`` metadata to add to a response —
+        only links to rows of `collection` the caller may read (superseded ones included); other ids
+        are never shown. Rows without a readable link are absent."""
+        if not row_ids:
+            return {}
+        rows = self.ledger.get_rows(self.backend, collection, row_ids)
+        targets = [pair[1] for lr in rows.values() for pair in (lr.supersedes, lr.superseded_by)
+                   if pair is not None and pair[0] == collection]
+        visible = self.authz.readable(ex, self.backend, collection, targets, include_superseded=True) if targets else set()
+        out: dict[str, dict[str, str]] = {}
+        for row_id, lr in rows.items():
+            meta = {key: pair[1] for key, pair in (("mw_supersedes_id", lr.supersedes), ("mw_superseded_by", lr.superseded_by))
+                    if pair is not None and pair[0] == collection and pair[1] in visible}
+            if meta:
+                out[row_id] = meta
+        return out
+
+    def decorate(self, ex: Exchange, collection: str, rows: list[dict[str, Any]], *, id_key: str, meta_key: str) -> None:
+        """Add `links` to each returned row (a dict with its id under `id_key` and its metadata object
+        under `meta_key`, e.g. Chroma ``ids``/``metadatas``, Mem0 ``id``/``metadata``), in place."""
+        with_meta = [r for r in rows if isinstance(r.get(meta_key), dict)]
+        links = self.links(ex, collection, [r[id_key] for r in with_meta])
+        for r in with_meta:
+            if r[id_key] in links:
+                r[meta_key] = {**r[meta_key], **links[r[id_key]]}
+
+    def tombstone(self, ex: Exchange, collection: str, rows: list[Row], closure: str) -> list[tuple[str, str]]:
+        """Tombstone `rows` (each already allowed Cedar ``delete``) with their deletion closure, in one
+        ledger transaction, before any backend delete: rows derived from them (``closure="cascade"``)
+        and the tenant's other rows with the same content that the caller may delete. Returns every
+        (collection, row id) tombstoned, `rows` first; the caller deletes them from its backend."""
+        assert ex.principal is not None
+        p = ex.principal
+        ids = [r.row_id for r in rows]
+        digests = [r.content_hmac for r in rows if r.content_hmac]
+        mine = {(collection, i) for i in ids}
+        copies = [c for c in self.ledger.content_copies(self.backend, p.tenant, digests)
+                  if (c.collection, c.row_id) not in mine] if digests else []
+        copy_ok = self.authz.decide_rows(ex, "delete", copies)
+        also = [(c.collection, c.row_id) for c, d in zip(copies, copy_ok) if d.allowed]
+        return self.ledger.tombstone(self.backend, collection, ids, p.uid[1], ex.request_id, closure=closure, also=also)

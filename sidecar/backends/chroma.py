@@ -24,9 +24,9 @@ from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
 from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, UpstreamError
 from sidecar.exchange import Exchange
-from sidecar.governance import SCOPES, Principal, Row, agent_id, collection_entity, namespace_entity
+from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
-from sidecar.provenance import content_digest, load_single_valued
+from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
@@ -66,13 +66,9 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", C + ("indexing_status",), "collection_info"),
 ]
 
-# Governed metadata keys. The client may request the first three; the sidecar stamps all of them.
-REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers", "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
-# Requestable on a new row only (provenance and the triple are fixed once written).
-WRITE_ONCE = ("mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
+# Governed metadata keys the sidecar stamps (the client may request `sidecar.provenance.REQUESTABLE`).
 STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_source",
            "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
-GOVERNED_PREFIX = "mw_"
 READER_PREFIX = "mw_r:"
 
 
@@ -112,13 +108,9 @@ def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
     out = dict(metadata or {})
     out.update({
         "mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
-        "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_source": row.source,
+        "mw_writer": row.writer, "mw_created_at": row.created_at,
     })
-    if row.derived_from:
-        out["mw_derived_from"] = ",".join(r for _, r in row.derived_from)
-    for name in ("subject", "predicate", "object"):
-        if getattr(row, name) is not None:
-            out[f"mw_{name}"] = getattr(row, name)
+    out.update(provenance_metadata(row))
     if row.readers:
         out["mw_readers"] = ",".join(row.readers)
         for reader in row.readers:
@@ -179,8 +171,7 @@ class ChromaProfile:
         self.upstream = upstream
         self.ledger = ledger
         self.authz = authz
-        self.single_valued = load_single_valued(settings.policies_dir)
-        self.content_key = ledger.content_key()
+        self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
@@ -367,58 +358,11 @@ class ChromaProfile:
     # -- writes -----------------------------------------------------------------------------
     def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split client metadata into (plain, requested governance); 400 on any other ``mw_`` key."""
-        if meta is None:
-            return {}, {}
-        if not isinstance(meta, dict):
-            raise BadRequest("each metadata must be an object or null")
-        plain: dict[str, Any] = {}
-        requested: dict[str, Any] = {}
-        for key, value in meta.items():
-            if key.startswith(GOVERNED_PREFIX):
-                if key not in REQUESTABLE:
-                    raise BadRequest(f"metadata key {key!r} is governed by memwarden and cannot be set")
-                if not isinstance(value, str):
-                    raise BadRequest(f"{key} must be a string")
-                requested[key] = value
-            else:
-                plain[key] = value
-        if "mw_scope" in requested and requested["mw_scope"] not in SCOPES:
-            raise BadRequest(f"mw_scope must be one of {', '.join(SCOPES)}")
-        if "mw_fleet" in requested and (not requested["mw_fleet"] or "/" in requested["mw_fleet"] or ":" in requested["mw_fleet"]):
-            raise BadRequest("mw_fleet must be a fleet name of your tenant")
-        if "mw_readers" in requested:
-            readers = []
-            for item in filter(None, (s.strip() for s in requested["mw_readers"].split(","))):
-                fleet, sep, agent = item.partition("/")
-                if not sep or not fleet or not agent or "/" in agent:
-                    raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
-                readers.append(agent_id(p.tenant, fleet, agent))
-            requested["mw_readers"] = tuple(dict.fromkeys(readers))
-        if "mw_derived_from" in requested:
-            parents = [x.strip() for x in requested["mw_derived_from"].split(",") if x.strip()]
-            if not parents:
-                raise BadRequest("mw_derived_from must name at least one parent id")
-            requested["mw_derived_from"] = tuple(dict.fromkeys(parents))
-        triple = [k for k in ("mw_subject", "mw_predicate", "mw_object") if k in requested]
-        if triple and len(triple) != 3:
-            raise BadRequest("a triple needs mw_subject, mw_predicate and mw_object")
-        return plain, requested
+        return split_metadata(p, meta, not_object="each metadata must be an object or null")
 
     def _new_row(self, ex: Exchange, rec: CollectionRecord, row_id: str, requested: dict[str, Any],
                  document: Any) -> Row:
-        p = self._p(ex)
-        predicate = requested.get("mw_predicate")
-        return Row(
-            backend=BACKEND, collection=rec.collection_id, row_id=row_id, tenant=p.tenant,
-            fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1],
-            scope=requested.get("mw_scope", "fleet"), writer=p.uid[1], created_at=now_us(),
-            readers=requested.get("mw_readers", ()), request_id=ex.request_id,
-            source=f"{BACKEND}:{ex.operation}:{ex.request_id}",
-            derived_from=tuple((rec.collection_id, parent) for parent in requested.get("mw_derived_from", ())),
-            subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),
-            single_valued=predicate in self.single_valued,
-            content_hmac=content_digest(self.content_key, document) if isinstance(document, str) else None,
-        )
+        return self.prov.new_row(ex, rec.collection_id, row_id, requested, document)
 
     def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
         """The row after a requested scope/fleet/readers change and the redistribute context; None if no change."""
@@ -476,7 +420,7 @@ class ChromaProfile:
             requested = split[i][1]
             if row_id in known:
                 if any(k in requested for k in WRITE_ONCE):
-                    raise BadRequest("provenance and triples are fixed once written; write a new row instead")
+                    raise BadRequest(FIXED_ONCE_WRITTEN)
                 row = known[row_id]
                 checks.append(("update", row, None))
                 moved = self._redistributed(p, row, requested)
@@ -486,7 +430,7 @@ class ChromaProfile:
                     if moved is not None:
                         checks.append(("redistribute", row, moved[1]))
                     if new_text:
-                        updated.content_hmac = content_digest(self.content_key, documents[i])
+                        updated.content_hmac = self.prov.digest(documents[i])
                     final[row_id] = updated
                     changed.append(updated)
                 else:
@@ -495,9 +439,9 @@ class ChromaProfile:
                 row = self._new_row(ex, rec, row_id, requested, documents[i])
                 checks.append(("write", row, None))
                 final[row_id] = row
-        self._check_parents(ex, rec, [final[i] for i in new_ids])
-        self._check_supersession(ex, [final[i] for i in new_ids])
-        self._check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str)])
+        self.prov.check_parents(ex, [final[i] for i in new_ids])
+        self.prov.check_supersession(ex, [final[i] for i in new_ids])
+        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str)])
         for action in ("write", "update", "redistribute"):
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
             if not batch:
@@ -533,47 +477,6 @@ class ChromaProfile:
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 
-    def _check_parents(self, ex: Exchange, rec: CollectionRecord, rows: list[Row]) -> None:
-        """Every named parent must exist and be readable by the writer (else 403, existence not revealed)."""
-        parents = list(dict.fromkeys(pid for row in rows for _, pid in row.derived_from))
-        if not parents:
-            return
-        readable = self.authz.readable(ex, BACKEND, rec.collection_id, parents, include_superseded=True)
-        if len(readable) != len(parents):
-            ex.decision = "deny"
-            raise Forbidden("derived_from names a memory you cannot read")
-
-    def _check_supersession(self, ex: Exchange, rows: list[Row]) -> None:
-        """Replacing the active fact for (tenant, subject, predicate) needs `update` on that row;
-        a fact the writer cannot read answers 403 exactly like one it may read but not update."""
-        current = [f for f in (self.ledger.active_fact(BACKEND, r.tenant, r.subject or "", r.predicate or "")
-                               for r in rows if r.single_valued) if f is not None]
-        if current and not all(d.allowed for d in self.authz.decide_rows(ex, "update", current)):
-            ex.decision = "deny"
-            raise Forbidden("superseding this fact is not permitted")
-
-    def _check_forgotten(self, ex: Exchange, rows: list[Row]) -> None:
-        """Content of a deleted row this writer could read may not come back (409) unless policy lets
-        it `reassert` it. Deleted content the writer could never read is not an oracle: its writes pass."""
-        p = self._p(ex)
-        digests = [r.content_hmac for r in rows if r.content_hmac]
-        if not digests:
-            return
-        gone = self.ledger.content_copies(BACKEND, p.tenant, digests, deleted=True)
-        if not gone:
-            return
-        # Judge each deleted row as it was (active): could this writer have read it?
-        as_was = [Row(**{**{f: getattr(g, f) for f in Row.__slots__}, "status": "active"}) for g in gone]  # type: ignore[attr-defined]
-        known = self.authz.decide_rows(ex, "read", as_was)
-        hits = {g.content_hmac for g, d in zip(gone, known) if d.allowed}
-        flagged = [r for r in rows if r.content_hmac in hits]
-        if not flagged:
-            return
-        decisions = self.authz.decide_rows(ex, "reassert", flagged)
-        if not all(d.allowed for d in decisions):
-            ex.decision = "deny"
-            raise Conflict("this content was deleted and may not be written again")
-
     async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         return await self._write(ex, params, "add")
 
@@ -584,39 +487,14 @@ class ChromaProfile:
         return await self._write(ex, params, "update")
 
     # -- reads ------------------------------------------------------------------------------
-    def _history_view(self, ex: Exchange) -> tuple[bool, int | None]:
-        """``?include_superseded=true`` and ``?as_of=<UTC µs>`` (both still under the read policy)."""
-        flag = ex.query.get("include_superseded", "false")
-        if flag not in ("true", "false"):
-            raise BadRequest("include_superseded must be true or false")
-        as_of = ex.query.get("as_of")
-        if as_of is not None and not as_of.isdigit():
-            raise BadRequest("as_of must be a UTC timestamp in microseconds")
-        return flag == "true", int(as_of) if as_of is not None else None
-
     def _keep(self, ex: Exchange, rec: CollectionRecord) -> Any:
-        include_superseded, as_of = self._history_view(ex)
+        include_superseded, as_of = history_view(ex.query)
         return lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of)
 
     def _decorate(self, ex: Exchange, rec: CollectionRecord, rows: list[dict[str, Any]]) -> None:
-        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned metadata — only links to rows of
-        this collection that the caller may read (superseded ones included); other ids are never shown."""
-        with_meta = [r for r in rows if isinstance(r.get("metadatas"), dict)]
-        if not with_meta:
-            return
-        ledger_rows = self.ledger.get_rows(BACKEND, rec.collection_id, [r["ids"] for r in with_meta])
-        links = [pair[1] for lr in ledger_rows.values() for pair in (lr.supersedes, lr.superseded_by)
-                 if pair is not None and pair[0] == rec.collection_id]
-        visible = self.authz.readable(ex, BACKEND, rec.collection_id, links, include_superseded=True) if links else set()
-        for r in with_meta:
-            lr = ledger_rows.get(r["ids"])
-            if lr is None:
-                continue
-            meta = dict(r["metadatas"])
-            for key, pair in (("mw_supersedes_id", lr.supersedes), ("mw_superseded_by", lr.superseded_by)):
-                if pair is not None and pair[0] == rec.collection_id and pair[1] in visible:
-                    meta[key] = pair[1]
-            r["metadatas"] = meta
+        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned metadata where the linked row is
+        readable by the caller (`Provenance.links`)."""
+        self.prov.decorate(ex, rec.collection_id, rows, id_key="ids", meta_key="metadatas")
 
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):
@@ -787,7 +665,6 @@ class ChromaProfile:
 
     # -- deletes ----------------------------------------------------------------------------
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        p = self._p(ex)
         rec = self._collection(ex, params)
         body = _obj(ex.body)
         ids = _ids(body.get("ids"), required=False)
@@ -819,13 +696,8 @@ class ChromaProfile:
             return 200, {"deleted": 0}
         # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
         # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
-        digests = [r.content_hmac for r in rows if r.row_id in set(allowed) and r.content_hmac]
-        copies = [c for c in self.ledger.content_copies(BACKEND, p.tenant, digests)
-                  if (c.collection, c.row_id) not in {(rec.collection_id, a) for a in allowed}] if digests else []
-        copy_ok = self.authz.decide_rows(ex, "delete", copies)
-        also = [(c.collection, c.row_id) for c, d in zip(copies, copy_ok) if d.allowed]
-        closed = self.ledger.tombstone(BACKEND, rec.collection_id, allowed, p.uid[1], ex.request_id,
-                                       closure=self.settings.deletion_closure, also=also)
+        by_id = {r.row_id: r for r in rows}
+        closed = self.prov.tombstone(ex, rec.collection_id, [by_id[a] for a in allowed], self.settings.deletion_closure)
         if "after-tombstone" in self.settings.failpoints:
             _crash()
         await self._backend_delete(closed)

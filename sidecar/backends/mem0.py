@@ -16,8 +16,16 @@ every write; a client ``agent_id`` naming anyone else is 403. In requests the cl
 full uid, ``fleet/agent`` (own tenant) or ``agent`` (own fleet). ``user_id`` and ``run_id`` stay data.
 
 Governed metadata stamped into every row: ``mw_tenant, mw_fleet, mw_owner, mw_scope, mw_writer,
-mw_created_at, mw_readers`` (a list of agent uids). A client may request ``mw_scope``, ``mw_fleet`` and
-``mw_readers`` (``"fleet/agent,..."``) and nothing else under ``mw_``; the ledger stays the authority.
+mw_created_at, mw_readers`` (a list of agent uids), ``mw_source`` (``mem0:add:<request id>``) and, where
+requested, ``mw_derived_from`` and the triple ``mw_subject/mw_predicate/mw_object``. A client may request
+``mw_scope``, ``mw_fleet``, ``mw_readers`` (``"fleet/agent,..."``), ``mw_derived_from`` (parent memory ids)
+and the triple, and nothing else under ``mw_``; the ledger stays the authority.
+
+Provenance, supersession and deletion closure (DESIGN.md §4) follow `sidecar.provenance`, as on Chroma:
+parents must be readable; a single-valued triple supersedes the active fact (needs ``update`` on it);
+superseded memories are hidden unless ``?include_superseded=true`` or ``?as_of=<UTC µs>``; a memory's
+text is remembered as a keyed HMAC, and deleted text the writer could read may not come back (409);
+deleting a memory tombstones its derived memories and the caller's deletable copies of its text.
 
 Routes: every Mem0 route is mapped; ``/auth/*``, ``/api-keys``, ``/entities``, ``/requests`` are blocked
 (403); anything else is unmapped (404) and never forwarded. Mem0's ``/reset`` (every tenant's data) is
@@ -27,14 +35,17 @@ never forwarded: ``POST /reset`` deletes the caller tenant's rows, per id, and n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Iterable
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
 from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, UpstreamError
 from sidecar.exchange import Exchange
-from sidecar.governance import SCOPES, Principal, Row, agent_id, collection_entity, namespace_entity, ref
-from sidecar.ledger import Ledger, now_us
+from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref
+from sidecar.ledger import Ledger
+from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
+                                provenance_metadata, split_metadata)
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
@@ -74,8 +85,6 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
 
 IDENTITY = ("user_id", "agent_id", "run_id")
 OPERATORS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains"}
-REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers")
-GOVERNED_PREFIX = "mw_"
 # Mem0 caps GET /memories at 1000 rows per call (server/main.py ALL_MEMORIES_LIMIT).
 LIST_LIMIT = 1000
 SEARCH_DEFAULT_TOP_K = 20  # Memory.search default
@@ -165,6 +174,7 @@ class Mem0Profile:
         self.ledger = ledger
         self.authz = authz
         self.coll = settings.mem0_deployment
+        self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
 
     health_segments = ["configure", "providers"]
 
@@ -217,9 +227,11 @@ class Mem0Profile:
         rows = self.ledger.get_rows(BACKEND, self.coll, ids)
         return {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
 
-    def _readable_or_404(self, ex: Exchange, memory_id: str) -> Row:
-        """The ledger row of `memory_id` if the caller may read it; 404 (one message) otherwise."""
-        allowed = self.authz.readable(ex, BACKEND, self.coll, [memory_id])
+    def _readable_or_404(self, ex: Exchange, memory_id: str, include_superseded: bool = False,
+                         as_of: int | None = None) -> Row:
+        """The ledger row of `memory_id` if the caller may read it (a superseded one only with
+        `include_superseded`, or the one current at `as_of`); 404 (one message) otherwise."""
+        allowed = self.authz.readable(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of)
         if memory_id not in allowed:
             ex.decision = "deny"
             raise NotFound(NOT_FOUND)
@@ -228,43 +240,20 @@ class Mem0Profile:
 
     def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split client metadata into (plain, requested governance); 400 on other ``mw_`` or identity keys."""
-        if meta is None:
-            return {}, {}
-        if not isinstance(meta, dict):
-            raise BadRequest("metadata must be an object")
-        plain: dict[str, Any] = {}
-        requested: dict[str, Any] = {}
-        for key, value in meta.items():
-            if key.startswith(GOVERNED_PREFIX):
-                if key not in REQUESTABLE:
-                    raise BadRequest(f"metadata key {key!r} is governed by memwarden and cannot be set")
-                if not isinstance(value, str):
-                    raise BadRequest(f"{key} must be a string")
-                requested[key] = value
-            elif key in IDENTITY or key == "actor_id":
-                raise BadRequest(f"{key} cannot be set through metadata")
-            else:
-                plain[key] = value
-        if "mw_scope" in requested and requested["mw_scope"] not in SCOPES:
-            raise BadRequest(f"mw_scope must be one of {', '.join(SCOPES)}")
-        if "mw_fleet" in requested and (not requested["mw_fleet"] or "/" in requested["mw_fleet"] or ":" in requested["mw_fleet"]):
-            raise BadRequest("mw_fleet must be a fleet name of your tenant")
-        if "mw_readers" in requested:
-            readers = []
-            for item in filter(None, (s.strip() for s in requested["mw_readers"].split(","))):
-                fleet, sep, agent = item.partition("/")
-                if not sep or not fleet or not agent or "/" in agent:
-                    raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
-                readers.append(agent_id(p.tenant, fleet, agent))
-            requested["mw_readers"] = tuple(dict.fromkeys(readers))
-        return plain, requested
+        return split_metadata(p, meta, not_object="metadata must be an object", reserved=(*IDENTITY, "actor_id"))
 
     @staticmethod
     def _stamp(plain: dict[str, Any], row: Row) -> dict[str, Any]:
         out = dict(plain)
         out.update({"mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
                     "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_readers": list(row.readers)})
+        out.update(provenance_metadata(row))
         return out
+
+    def _decorate(self, ex: Exchange, rows: list[dict[str, Any]]) -> None:
+        """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned memories' metadata where the linked
+        memory is readable by the caller (`Provenance.links`)."""
+        self.prov.decorate(ex, self.coll, rows, id_key="id", meta_key="metadata")
 
     @staticmethod
     def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
@@ -311,12 +300,16 @@ class Mem0Profile:
                     raise BadRequest(f"{key} cannot be the wildcard '*'")
                 cedar_attrs[key] = value
         plain, requested = self._requested(p, body.get("metadata"))
-        template = Row(
-            backend=BACKEND, collection=self.coll, row_id=f"pending:{ex.request_id}", tenant=p.tenant,
-            fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1], scope=requested.get("mw_scope", "fleet"),
-            writer=p.uid[1], created_at=now_us(), readers=requested.get("mw_readers", ()), request_id=ex.request_id,
-            extra={"cedar": cedar_attrs} if cedar_attrs else {},
-        )
+        # Every memory of this add gets the template's governance and provenance; its id and content
+        # HMAC come from Mem0's events.
+        template = self.prov.new_row(ex, self.coll, f"pending:{ex.request_id}", requested, None,
+                                     extra={"cedar": cedar_attrs} if cedar_attrs else {})
+        # The text Mem0 stores with infer=false: each non-system message (infer=true: checked again on its events).
+        texts = [m["content"] for m in messages if m.get("role") != "system" and isinstance(m.get("content"), str)]
+        ex.action = "write"
+        self.prov.check_parents(ex, [template])
+        self.prov.check_supersession(ex, [template])
+        self.prov.check_forgotten(ex, [dataclasses.replace(template, content_hmac=self.prov.digest(t)) for t in texts])
         denied = self._decide_all(ex, "write", [template])
         if denied:
             ex.action, ex.decision = "write", "deny"
@@ -333,7 +326,7 @@ class Mem0Profile:
         resp = await self._call("POST", ["memories"], json_body=forwarded)
         if not isinstance(resp, dict) or not isinstance(resp.get("results"), list):
             raise UpstreamError("unexpected backend answer")
-        return 200, self._record_events(ex, p, template, resp, candidates)
+        return 200, await self._record_events(ex, p, template, resp, candidates, infer)
 
     async def _confine_infer(self, ex: Exchange, p: Principal, attrs: dict[str, str]) -> dict[str, Row]:
         """infer=true: Mem0's LLM may update or delete any memory matching the add's entity ids, i.e. the
@@ -354,42 +347,70 @@ class Mem0Profile:
             raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
         return known
 
-    def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
-                       candidates: dict[str, Row]) -> dict[str, Any]:
-        """Ledger updates for Mem0's add events: ADD → new row (stamped governance), UPDATE → must be a
-        confined candidate, DELETE → tombstone. An event outside the confinement is tombstoned (fail closed)."""
+    async def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
+                             candidates: dict[str, Row], infer: bool) -> dict[str, Any]:
+        """Ledger updates for Mem0's add events: ADD → new row (the template's governance and provenance,
+        the event text's content HMAC; a single-valued triple supersedes on activation), UPDATE → must be
+        a confined candidate (its content HMAC follows the new text), DELETE → tombstone with the deletion
+        closure. An event outside the confinement is tombstoned (fail closed); so is, with infer=true, an
+        ADD or UPDATE whose text is deleted content the caller could read, and the add then answers 409."""
         added: list[Row] = []
+        updated: list[Row] = []
         out: list[dict[str, Any]] = []
-        tomb: list[str] = []
+        gone: list[Row] = []  # DELETE events on confined rows: the caller's own deletes
+        tomb: list[str] = []  # fail closed
+        deleted_in_mem0: list[str] = []
         for event in resp["results"]:
             if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event["id"]:
                 raise UpstreamError("unexpected backend answer")
             kind = event.get("event")
             mid = event["id"]
+            text = event.get("memory")
+            digest = self.prov.digest(text) if isinstance(text, str) else None
             if kind == "ADD":
-                row = Row(**{f: getattr(template, f) for f in Row.__slots__})
-                row.row_id = mid
-                added.append(row)
+                added.append(dataclasses.replace(template, row_id=mid, content_hmac=digest))
                 out.append(event)
             elif kind == "DELETE":
-                tomb.append(mid)
+                deleted_in_mem0.append(mid)
+                if mid in candidates:
+                    gone.append(candidates[mid])
+                else:
+                    tomb.append(mid)
             elif kind == "UPDATE" and mid in candidates:
+                updated.append(dataclasses.replace(candidates[mid], content_hmac=digest))
                 out.append(event)
             elif kind == "NONE" and mid in candidates:
                 continue
             else:
                 tomb.append(mid)  # Mem0 touched a row outside the confinement: never serve it again
+        # infer=false texts were checked before forwarding; the LLM's own texts only now.
+        refused = {r.row_id for r in self.prov.forgotten(ex, added + updated)} if infer else set()
+        if refused:
+            tomb += [r.row_id for r in added + updated if r.row_id in refused]
+            added = [r for r in added if r.row_id not in refused]
+            updated = [r for r in updated if r.row_id not in refused]
+            out = [e for e in out if e["id"] not in refused]
+        closed: list[tuple[str, str]] = []
+        if gone:
+            closed += self.prov.tombstone(ex, self.coll, gone, self.settings.deletion_closure)
         if tomb:
-            self.ledger.tombstone(BACKEND, self.coll, tomb, p.uid[1], ex.request_id)
-            deleted = [e["id"] for e in resp["results"] if isinstance(e, dict) and e.get("event") == "DELETE"]
-            if deleted:
-                self.ledger.mark_backend_deleted(BACKEND, self.coll, deleted)
+            closed += self.ledger.tombstone(BACKEND, self.coll, tomb, p.uid[1], ex.request_id,
+                                            closure=self.settings.deletion_closure)
+        if deleted_in_mem0:
+            self.ledger.mark_backend_deleted(BACKEND, self.coll, deleted_in_mem0)
         if added:
             if self.ledger.reserve_rows(added):
                 raise UpstreamError("backend reused a memory id")
             self.ledger.activate_rows(BACKEND, self.coll, [r.row_id for r in added])
+        if updated:
+            self.ledger.update_governance(updated)
+        done = set(deleted_in_mem0)
+        await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
         ex.row_ids = [r.row_id for r in added]
         ex.rows_allowed = len(out)
+        if refused:
+            ex.decision = "deny"
+            raise Conflict("this content was deleted and may not be written again; the memories made of it were removed")
         return {**resp, "results": out}
 
     async def op_update(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -402,11 +423,17 @@ class Mem0Profile:
         if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
             raise BadRequest("text must be a string")
         plain, requested = self._requested(p, body.get("metadata"))
-        row = self._readable_or_404(ex, mid)
+        row = self._readable_or_404(ex, mid, include_superseded=True)
+        if any(k in requested for k in WRITE_ONCE):
+            raise BadRequest(FIXED_ONCE_WRITTEN)
+        new = self._with_governance(row, requested)
+        text = body.get("text")
+        if isinstance(text, str):
+            new.content_hmac = self.prov.digest(text)
+            self.prov.check_forgotten(ex, [new])
         if self._decide_all(ex, "update", [row]):
             ex.action, ex.decision = "update", "deny"
             raise Forbidden("update is not permitted")
-        new = self._with_governance(row, requested)
         moved = (new.scope, new.fleet, new.readers) != (row.scope, row.fleet, row.readers)
         if moved:
             ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
@@ -421,7 +448,7 @@ class Mem0Profile:
                 meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers)})
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
-        if moved:
+        if moved or isinstance(text, str):
             self.ledger.update_governance([new])
         return 200, result
 
@@ -429,7 +456,7 @@ class Mem0Profile:
     async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        self._readable_or_404(ex, mid)
+        self._readable_or_404(ex, mid, *history_view(ex.query))
         try:
             result = await self._call("GET", ["memories", mid])
         except BackendClientError as exc:
@@ -440,13 +467,14 @@ class Mem0Profile:
             raise NotFound(NOT_FOUND)
         if not isinstance(result, dict) or result.get("id") != mid:
             raise UpstreamError("unexpected backend answer")
+        self._decorate(ex, [result])
         ex.row_ids = [mid]
         return 200, result
 
     async def op_history(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        self._readable_or_404(ex, mid)
+        self._readable_or_404(ex, mid, *history_view(ex.query))
         result = await self._call("GET", ["memories", mid, "history"])
         if not isinstance(result, list):
             raise UpstreamError("unexpected backend answer")
@@ -493,13 +521,15 @@ class Mem0Profile:
     async def op_list(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         self._require(ex, "list")
         q = ex.query
-        _only(q, ("user_id", "agent_id", "run_id", "top_k", "show_expired"))
+        _only(q, ("user_id", "agent_id", "run_id", "top_k", "show_expired", "include_superseded", "as_of"))
+        include_superseded, as_of = history_view(q)
         named = any(q.get(k) not in (None, "*") for k in IDENTITY)
         top_k = _int(q.get("top_k"), "top_k", LIST_DEFAULT_TOP_K if named else LIST_LIMIT, LIST_LIMIT)
         show_expired = bool(_bool_param(q.get("show_expired"), "show_expired"))
         rows = await self._list_rows(ex, q, show_expired)
-        allowed = self.authz.readable(ex, BACKEND, self.coll, [r["id"] for r in rows])
+        allowed = self.authz.readable(ex, BACKEND, self.coll, [r["id"] for r in rows], include_superseded, as_of)
         kept = [r for r in rows if r["id"] in allowed][:top_k]
+        self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
         return 200, {"results": kept}
 
@@ -635,6 +665,7 @@ class Mem0Profile:
         if not isinstance(query, str) or not query.strip():
             raise BadRequest("query must be a non-empty string")
         k = _int(body.get("top_k"), "top_k", SEARCH_DEFAULT_TOP_K)
+        include_superseded, as_of = history_view(ex.query)
         compiled = self._compile(p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
         if k == 0:
             return 200, {"results": []}
@@ -649,23 +680,21 @@ class Mem0Profile:
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:
-                allowed = self.authz.readable(ex, BACKEND, self.coll, wanted)
+                allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of)
                 decided.update({i: i in allowed for i in wanted})
             kept = [r for r in matching if decided[r["id"]]]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:
                 break
             fetch = min(fetch * 2, self.settings.max_scan_rows)  # refill: Mem0 search has no offset
         kept = kept[:k]
+        self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
         return 200, {"results": kept}
 
     # -- deletes ----------------------------------------------------------------------------
-    async def _delete_ids(self, ex: Exchange, ids: list[str]) -> list[str]:
-        """Tombstone (durably, first) then delete in Mem0, per id; returns the ids deleted."""
-        p = self._p(ex)
-        if not ids:
-            return []
-        self.ledger.tombstone(BACKEND, self.coll, ids, p.uid[1], ex.request_id)
+    async def _backend_delete(self, ids: list[str]) -> list[str]:
+        """Delete tombstoned memories in Mem0, per id (404 there counts as done); confirms each deleted one
+        in the ledger, also when a later one fails (the reconciler retries the rest). Returns the ids done."""
         done: list[str] = []
         try:
             for mid in ids:
@@ -680,6 +709,17 @@ class Mem0Profile:
                 self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
         return done
 
+    async def _delete_rows(self, ex: Exchange, rows: list[Row]) -> int:
+        """Tombstone `rows` (each allowed Cedar ``delete``) with their deletion closure (derived memories,
+        the caller's deletable copies of the same text) durably first, then delete them in Mem0. Returns
+        len(rows)."""
+        if not rows:
+            return 0
+        closed = self.prov.tombstone(ex, self.coll, rows, self.settings.deletion_closure)
+        # A copy in another Mem0 deployment sharing this ledger stays pending for that deployment's reconciler.
+        await self._backend_delete([row_id for collection, row_id in closed if collection == self.coll])
+        return len(rows)
+
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         row = self._servable([mid]).get(mid)
@@ -687,11 +727,11 @@ class Mem0Profile:
         # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
         if row is None or self._decide_all(ex, "delete", [row]):
             ex.action, ex.decision = "delete", "deny"
-            if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid]):
+            if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
                 raise Forbidden("delete is not permitted")
             raise NotFound(NOT_FOUND)
         ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
-        await self._delete_ids(ex, [mid])
+        await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
 
     async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
@@ -699,11 +739,11 @@ class Mem0Profile:
         known = self._servable(ids)
         candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
         denied = set(self._decide_all(ex, "delete", candidates))
-        allowed = [r.row_id for r in candidates if r.row_id not in denied]
-        ex.action, ex.row_ids = "delete", allowed[:20]
+        allowed = [r for r in candidates if r.row_id not in denied]
+        ex.action, ex.row_ids = "delete", [r.row_id for r in allowed[:20]]
         ex.rows_allowed, ex.rows_denied = len(allowed), len(set(ids)) - len(allowed)
         ex.decision = "allow" if allowed or not ids else "deny"
-        return len(await self._delete_ids(ex, allowed))
+        return await self._delete_rows(ex, allowed)
 
     async def op_delete_all(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         self._require(ex, "delete_bulk")
@@ -746,20 +786,10 @@ class Mem0Profile:
         raise Forbidden("this operation is not available through memwarden")
 
     async def reconcile(self) -> int:
-        """Retry Mem0 deletes of tombstones not yet confirmed; returns how many were confirmed."""
-        done: list[str] = []
-        for collection_id, row_id in self.ledger.pending_tombstones(BACKEND):
-            if collection_id != self.coll:
-                continue
-            try:
-                await self._call("DELETE", ["memories", row_id])
-            except BackendClientError as exc:
-                if exc.status != 404:
-                    raise
-            done.append(row_id)
-        if done:
-            self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
-        return len(done)
+        """Retry Mem0 deletes of tombstones not yet confirmed (deletion closures included); returns how
+        many were confirmed."""
+        pending = [row_id for collection, row_id in self.ledger.pending_tombstones(BACKEND) if collection == self.coll]
+        return len(await self._backend_delete(pending))
 
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from sidecar import Settings, create_app
 from sidecar.governance import Row
 from sidecar.ledger import SQLiteLedger
+from sidecar.provenance import content_digest
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 ME = "t/red/a"
@@ -118,3 +119,56 @@ def test_backend_timeout_and_garbage(tmp_path: Path) -> None:
     _, key = garbage.create_key("agent", "t", "red", "a", 1)
     r = TestClient(app).post("/search", json={"query": "x"}, headers={"X-API-Key": key})
     assert r.status_code == 502 and "results" not in r.text
+
+
+def test_infer_events_carry_provenance_supersede_and_close_deletions(tmp_path: Path) -> None:
+    fake = FakeMem0(["e1", "e2"], [{"id": "n1", "memory": "Lives in Berlin", "event": "ADD"},
+                                   {"id": "e1", "memory": "Moved to Berlin in May", "event": "UPDATE"},
+                                   {"id": "e2", "memory": "Lives in Paris", "event": "DELETE"}])
+    client, ledger, key = make(tmp_path, fake)
+    child = _row("c1")
+    child.derived_from = (("default", "e2"),)
+    fact = _row("f0")
+    fact.subject, fact.predicate, fact.object, fact.single_valued = "alice", "location", "Paris", True
+    ledger.reserve_rows([child, fact])
+    ledger.activate_rows("mem0", "default", ["c1", "f0"])
+    meta = {"mw_derived_from": "e1", "mw_subject": "alice", "mw_predicate": "location", "mw_object": "Berlin"}
+    r = client.post("/memories", json={**ADD, "metadata": meta}, headers={"X-API-Key": key})
+    assert r.status_code == 200, r.text
+    sent = json.loads(fake.requests[1].content)["metadata"]
+    assert sent["mw_derived_from"] == "e1" and sent["mw_predicate"] == "location" and sent["mw_source"].startswith("mem0:add:")
+    def digest(text: str) -> str:
+        return content_digest(ledger.content_key(), text)
+
+    rows = ledger.get_rows("mem0", "default", ["n1", "e1", "e2", "c1", "f0"])
+    assert (rows["n1"].status, rows["n1"].content_hmac, rows["n1"].supersedes) == ("active", digest("Lives in Berlin"), ("default", "f0"))
+    assert (rows["f0"].status, rows["f0"].superseded_by) == ("superseded", ("default", "n1"))
+    assert [parents for depth, _, _, parents in ledger.lineage("mem0", "default", "n1") if depth == 0] == [[("default", "e1")]]
+    assert rows["e1"].content_hmac == digest("Moved to Berlin in May")
+    assert rows["e2"].status == rows["c1"].status == "deleted"  # the LLM's delete closes over derived rows
+    deletes = [req.url.path for req in fake.requests if req.method == "DELETE"]
+    assert deletes == ["/memories/c1"]  # e2 is already gone in Mem0
+    assert ledger.pending_tombstones("mem0") == []
+
+
+@pytest.mark.parametrize("owner,scope,refused", [(ME, "fleet", True), ("t/blue/z", "agent", False)])
+def test_infer_text_of_deleted_content_is_removed_only_where_the_caller_could_read_it(
+        tmp_path: Path, owner: str, scope: str, refused: bool) -> None:
+    fake = FakeMem0(["e1"], [{"id": "n1", "memory": "lives in  BERLIN", "event": "ADD"},
+                             {"id": "n2", "memory": "Likes coffee", "event": "ADD"}])
+    client, ledger, key = make(tmp_path, fake)
+    old = _row("old", owner=owner)
+    old.scope, old.content_hmac = scope, content_digest(ledger.content_key(), "Lives in Berlin")
+    ledger.reserve_rows([old])
+    ledger.activate_rows("mem0", "default", ["old"])
+    ledger.tombstone("mem0", "default", ["old"], owner, "r0")
+    r = client.post("/memories", json=ADD, headers={"X-API-Key": key})
+    rows = ledger.get_rows("mem0", "default", ["n1", "n2"])
+    assert rows["n2"].status == "active"
+    if refused:
+        assert r.status_code == 409 and "Berlin" not in r.text
+        assert "n1" not in rows and ("default", "n1") in ledger.backend_deleted_tombstones("mem0")
+        assert [req.url.path for req in fake.requests if req.method == "DELETE"] == ["/memories/n1"]
+    else:  # the caller never could read the deleted row: no oracle
+        assert r.status_code == 200 and [e["id"] for e in r.json()["results"]] == ["n1", "n2"]
+        assert rows["n1"].status == "active"
