@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.harness import start_chroma, start_sidecar
+from sidecar.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, Tenant, unit_vectors
 
 pytestmark = pytest.mark.integration
@@ -131,12 +131,10 @@ def test_superseded_start_needs_include_superseded_and_deleted_start_is_gone(sta
     assert {(r.status_code, r.text) for r in deleted} == {(404, deleted[2].text)}
 
 
-def test_redact_closure_keeps_the_child_and_hides_the_deleted_parent(tmp_path: Path) -> None:
-    chroma = start_chroma(tmp_path / "chroma")
-    side = None
+def test_redact_closure_keeps_the_child_and_hides_the_deleted_parent(chroma_server: Server, tmp_path: Path) -> None:
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES, extra_env={"MEMWARDEN_DELETION_CLOSURE": "redact"})
     try:
-        side = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES, extra_env={"MEMWARDEN_DELETION_CLOSURE": "redact"})
-        stack = Stack(chroma, side, tmp_path / "ledger.db")
+        stack = Stack(chroma_server, side, tmp_path / "ledger.db")
         t = stack.tenant("redact")
         w = stack.key(t.name, "red", "w", 1)
         with stack.http(w) as http:
@@ -155,6 +153,4 @@ def test_redact_closure_keeps_the_child_and_hides_the_deleted_parent(tmp_path: P
         assert strip == [{"depth": 1, "redacted": True, "parents": []}] * 2
         assert "words" not in json.dumps(owner_view) and '"p"' not in json.dumps(owner_view)
     finally:
-        if side is not None:
-            side.stop()
-        chroma.stop()
+        side.stop()
