@@ -38,6 +38,8 @@ import asyncio
 import dataclasses
 from typing import Any, Iterable
 
+import structlog
+
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
 from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, UpstreamError
@@ -50,6 +52,7 @@ from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
 BACKEND = "mem0"
+REAPPEARANCE_CHECKS_PER_RUN = 200
 ID = "{memory_id}"
 
 ROUTES: list[tuple[str, tuple[str, ...], str]] = [
@@ -174,6 +177,7 @@ class Mem0Profile:
         self.ledger = ledger
         self.authz = authz
         self.coll = settings.mem0_deployment
+        self._reappearance_cursor: tuple[str, str] = ("", "")
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
 
     health_segments = ["configure", "providers"]
@@ -786,10 +790,35 @@ class Mem0Profile:
         raise Forbidden("this operation is not available through memwarden")
 
     async def reconcile(self) -> int:
-        """Retry Mem0 deletes of tombstones not yet confirmed (deletion closures included); returns how
-        many were confirmed."""
+        """Retry Mem0 deletes of tombstones not yet confirmed (deletion closures included), then look for
+        tombstoned memories that reappeared in Mem0 (a lost delete, a restore): each is logged as an
+        alert and deleted again; never served either way (the ledger says deleted). Mem0 has no batch
+        get, so each run checks at most `REAPPEARANCE_CHECKS_PER_RUN` confirmed tombstones, one
+        ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
+        Returns the number of Mem0 deletes issued."""
         pending = [row_id for collection, row_id in self.ledger.pending_tombstones(BACKEND) if collection == self.coll]
-        return len(await self._backend_delete(pending))
+        done = len(await self._backend_delete(pending))
+        checked = 0
+        while checked < REAPPEARANCE_CHECKS_PER_RUN:
+            batch = self.ledger.backend_deleted_tombstones(BACKEND, self._reappearance_cursor,
+                                                           limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
+            if not batch:
+                self._reappearance_cursor = ("", "")  # next run starts again from the first tombstone
+                break
+            self._reappearance_cursor = batch[-1]
+            checked += len(batch)
+            back = []
+            for collection, row_id in batch:
+                if collection != self.coll:
+                    continue
+                found = await self._call("GET", ["memories", row_id])
+                if isinstance(found, dict) and found.get("id") == row_id:
+                    back.append(row_id)
+            if back:
+                structlog.get_logger("memwarden.reconciler").warning(
+                    "tombstoned_rows_reappeared", backend=BACKEND, collection=self.coll, row_ids=back[:20], count=len(back))
+                done += len(await self._backend_delete(back))
+        return done
 
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""

@@ -4,6 +4,7 @@ itself and the ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
@@ -11,9 +12,12 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from sidecar.app import Services
+from sidecar.config import Settings
 from sidecar.ledger import SQLiteLedger
 from sidecar.provenance import content_digest
-from tests.integration.mem0.conftest import Mem0Stack, World
+from tests.integration.conftest import POLICIES
+from tests.integration.mem0.conftest import MEM0_KEY, Mem0Stack, World
 
 pytestmark = pytest.mark.integration
 COLL = "default"  # MEMWARDEN_MEM0_DEPLOYMENT of the fixture sidecar
@@ -263,3 +267,27 @@ def test_provenance_and_triples_are_write_once(mem0_stack: Mem0Stack, world: Wor
     assert (row.subject, row.predicate, row.object) == ("svc-x", "current_version", "v1")
     with mem0_stack.http(world.keys["peer"]) as h:  # an unreadable memory is 404 before any 400
         assert h.put(f"/memories/{mine}", json={"metadata": {"mw_derived_from": parent}}).status_code == 404
+
+
+def test_reconciler_deletes_tombstoned_memories_that_reappear_in_mem0(mem0_stack: Mem0Stack, world: World,
+                                                                       ledger: SQLiteLedger) -> None:
+    user = "u-" + uuid.uuid4().hex[:8]
+    with mem0_stack.http(world.keys["w"]) as h:
+        mid = added_id(add(h, "a memory whose delete gets lost", user))
+    # A lost delete: the ledger holds a confirmed tombstone, but the memory is still in Mem0.
+    ledger.tombstone("mem0", COLL, [mid], by="test", request_id="lost-delete")
+    ledger.mark_backend_deleted("mem0", COLL, [mid])
+    with mem0_stack.direct() as d:
+        assert d.get(f"/memories/{mid}").json()["id"] == mid
+    with mem0_stack.http(world.keys["w"]) as h:  # never served meanwhile
+        assert h.get(f"/memories/{mid}").status_code == 404
+        assert mid not in listed(h, user) and mid not in searched(h, user, "a memory whose delete gets lost")
+    services = Services(Settings(backend="mem0", backend_url=mem0_stack.mem0.url, backend_token=MEM0_KEY,
+                                 ledger_path=mem0_stack.ledger_path, policies_dir=POLICIES, policy_watch_interval_s=0))
+    try:
+        issued = asyncio.run(services.profile.reconcile())
+    finally:
+        services.ledger.close()
+    assert issued >= 1
+    with mem0_stack.direct() as d:
+        assert d.get(f"/memories/{mid}").json() is None  # Mem0 answers 200 null for a missing id
