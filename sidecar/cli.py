@@ -157,26 +157,39 @@ def probe_run(
     out: Path = typer.Option(Path("runs"), help="parent of the run directory"),
     tenants: int = typer.Option(1), fleets: int = typer.Option(4), agents: int = typer.Option(6),
     small: bool = typer.Option(False, "--small", help="small item counts (seconds, not minutes)"),
-    chroma_url: Optional[str] = typer.Option(None, help="existing Chroma (else one is started)"),
-    sidecar_url: Optional[str] = typer.Option(None, help="existing sidecar in front of chroma-url"),
+    backend: str = typer.Option("chroma", help="chroma, or mem0 (a Mem0 REST server)"),
+    backend_url: Optional[str] = typer.Option(None, help="existing backend (else one is started: chroma run / our Mem0 test server)"),
+    chroma_url: Optional[str] = typer.Option(None, hidden=True, help="alias of --backend-url for --backend chroma"),
+    backend_key: Optional[str] = typer.Option(None, help="Mem0's API key (X-API-Key) for the direct target"),
+    sidecar_url: Optional[str] = typer.Option(None, help="existing sidecar in front of --backend-url"),
     ledger: Optional[Path] = typer.Option(None, help="that sidecar's ledger (keys are provisioned in it)"),
 ) -> None:
-    """Run the experiments on Chroma directly and through the sidecar; write a run directory."""
+    """Run the experiments on a backend directly and through the sidecar; write a run directory."""
     from sidecar.probe.experiments import Sizes
     from sidecar.probe.plan import Plan
-    from sidecar.probe.runner import print_table, run_embedded, run_probe
+    from sidecar.probe.runner import BACKENDS, no_embed, print_table, run_embedded, run_probe
 
+    if backend not in BACKENDS:
+        console.print(f"[red]--backend must be one of {', '.join(BACKENDS)}[/red]")
+        raise typer.Exit(2)
+    if chroma_url and (backend_url or backend != "chroma"):
+        console.print("[red]--chroma-url is --backend-url for --backend chroma; give one of them[/red]")
+        raise typer.Exit(2)
+    backend_url = backend_url or chroma_url
     names = [e.strip() for e in experiments.split(",") if e.strip()]
     sizes = Sizes.tiny() if small else Sizes()
-    if chroma_url or sidecar_url or ledger:
-        if not (chroma_url and sidecar_url and ledger):
-            console.print("[red]--chroma-url, --sidecar-url and --ledger go together[/red]")
+    if backend_url or sidecar_url or ledger:
+        if not (backend_url and sidecar_url and ledger):
+            console.print("[red]--backend-url, --sidecar-url and --ledger go together[/red]")
             raise typer.Exit(2)
-        from sidecar.embeddings import embed
-
-        run_dir = run_probe(Plan.build(seed, tenants, fleets, agents), names, chroma_url, sidecar_url, ledger, out, embed, sizes, console)
+        if backend == "chroma":
+            from sidecar.embeddings import embed
+        else:
+            embed = no_embed
+        run_dir = run_probe(Plan.build(seed, tenants, fleets, agents), names, backend_url, sidecar_url, ledger, out, embed,
+                            sizes, console, backend=backend, backend_key=backend_key)
     else:
-        run_dir = run_embedded(seed, names, out, sizes, console, tenants, fleets, agents)
+        run_dir = run_embedded(seed, names, out, sizes, console, tenants, fleets, agents, backend=backend)
     print_table(run_dir, console)
     console.print(f"run directory: {run_dir}")
 

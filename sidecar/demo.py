@@ -163,8 +163,10 @@ def run_demo(workdir: Path | None = None, console: Console | None = None, probe:
 
 def _probe(chroma: Server, sidecar: Server, root: Path, console: Console) -> int:
     """A small `memwarden probe` (all five experiments, small counts) on the same servers; prints the
-    side-by-side table. Fails the demo if the sidecar leaks or misses anything the reference predicate
-    allows on the leakage, propagation and forgetting paths."""
+    side-by-side table. Fails the demo if the sidecar leaks or misses on any path of any experiment:
+    leakage, propagation and forgetting against the reference predicate, contradiction (a stale read of
+    a superseded fact, or the newest fact missing) and provenance (a lineage answer incomplete, at the
+    wrong depth or with the wrong writer)."""
     from sidecar.embeddings import embed
     from sidecar.probe.experiments import EXPERIMENTS, Sizes
     from sidecar.probe.metrics import summarize
@@ -177,12 +179,14 @@ def _probe(chroma: Server, sidecar: Server, root: Path, console: Console) -> int
     run_dir = run_probe(Plan.build(7), list(EXPERIMENTS), chroma.url, sidecar.url, root / "ledger.db", root / "runs", embed, sizes, console)
     print_table(run_dir, console)
     paths, _, _ = summarize(read_events(run_dir))
-    bad = [p for p in paths if p.target == "sidecar" and p.experiment in ("leakage", "propagation", "forgetting")
-           and (p.leak.k or p.miss.k)]
+    bad = [p for p in paths if p.target == "sidecar" and (p.leak.k or p.miss.k)]
     if bad:
         console.print(f"[red]FAIL[/red]: the sidecar leaked or missed on {[(p.experiment, p.path) for p in bad]}")
         return 1
-    console.print("Contradiction and lineage are measured, not yet governed: supersession is the next piece of work.")
+    stale = sum(p.leak.n for p in paths if p.target == "sidecar" and p.experiment == "contradiction" and p.path == "sequential")
+    console.print(f"[green]OK[/green] (probe): through memwarden 0 leaks and 0 misses on every path; contradicting facts "
+                  f"are superseded (0 stale reads in {stale} sequential pairs), chains are read from the lineage endpoint, "
+                  "and deleted rows are gone from get, search, list, count and lineage.")
     return 0
 
 

@@ -1,7 +1,9 @@
 """The five governance experiments. Each takes a `Plan`, a target and the embedder, and emits events.
 
 Expectations come from the reference predicate (`plan.expected_read`), not from the target, so the
-same probes measure a bare backend and the sidecar alike.
+same probes measure a bare backend and the sidecar alike, on every backend (`sidecar.probe.targets`).
+A path the target lacks (history on Chroma, lineage on a bare backend, count on Mem0) is reported as
+a ``not_supported`` event, never as a failure.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sidecar.probe.plan import Agent, Plan, expected_read
-from sidecar.probe.targets import ChromaTarget, Result, returned
+from sidecar.probe.targets import Result, Target
 
 Embed = Callable[[list[str]], list[list[float]]]
 EXPERIMENTS = ("leakage", "provenance", "propagation", "contradiction", "forgetting")
@@ -70,9 +72,9 @@ def _text(plan: Plan, salt: str, body: str) -> str:
     return f"[{plan.nonce}] {body} ({' '.join(rnd.choice(WORDS) for _ in range(3))})"
 
 
-async def leakage(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
+async def leakage(plan: Plan, t: Target, embed: Embed, ev: Events, sizes: Sizes) -> None:
     """Each fleet's owner writes an agent- and a fleet-scoped secret; every agent probes every secret."""
-    secrets: list[tuple[str, str, str, Agent]] = []  # (row id, scope, text, owner)
+    secrets: list[tuple[str, str, str, Agent]] = []  # (row name, scope, text, owner)
     for tenant in plan.tenants:
         for fleet in plan.fleets:
             owner = plan.owner(tenant, fleet)
@@ -84,23 +86,23 @@ async def leakage(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: 
     for (rid, _, _, o), w in zip(secrets, writes):
         ev.latency("leakage", t.name, "write", w.ms)
         if not w.ok:
-            raise RuntimeError(f"{t.name}: owner write failed with {w.status}: {w.body}")
+            raise RuntimeError(f"{t.label}: owner write failed with {w.status}: {w.body}")
 
     async def probe(reader: Agent, secret: tuple[str, str, str, Agent], vector: list[float]) -> None:
         rid, scope, text, owner = secret
         expected = expected_read(reader, owner.tenant, owner.fleet, owner.uid, scope)
-        got = await t.get(reader, ids=[rid])
-        seen = returned(got, rid)
+        got = await t.get(reader, rid)
+        seen = t.seen(got, rid)
         ev.probe("leakage", t.name, "get", reader.uid, rid, expected, seen, got)
         if scope == "fleet" and reader.fleet != owner.fleet and reader.tenant == owner.tenant and reader.trust in (1, 2):
             ev.probe("leakage", t.name, f"get-xfleet-trust{reader.trust}", reader.uid, rid, expected, seen, got)
-        found = await t.search(reader, vector, sizes.search_k)
-        ev.probe("leakage", t.name, "search", reader.uid, rid, expected, returned(found, rid, text), found)
+        found = await t.search(reader, text, vector, sizes.search_k)
+        ev.probe("leakage", t.name, "search", reader.uid, rid, expected, t.seen(found, rid, text), found)
 
     await asyncio.gather(*(probe(r, s, v) for r in plan.agents for s, v in zip(secrets, vectors)))
 
 
-async def propagation(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
+async def propagation(plan: Plan, t: Target, embed: Embed, ev: Events, sizes: Sizes) -> None:
     """Fleet-scoped facts: 3 siblings should see them, 2 foreign readers (trust < 2) should not."""
     tenant, home = plan.tenants[0], plan.fleets[0]
     writer = plan.owner(tenant, home)
@@ -114,10 +116,10 @@ async def propagation(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, siz
         ev.latency("propagation", t.name, "write", w.ms)
 
     async def probe(reader: Agent, rid: str) -> None:
-        got = await t.get(reader, ids=[rid])
+        got = await t.get(reader, rid)
         expected = expected_read(reader, tenant, home, writer.uid, "fleet")
         ev.probe("propagation", t.name, "sibling-get" if reader.fleet == home else "foreign-get", reader.uid, rid,
-                 expected, returned(got, rid), got)
+                 expected, t.seen(got, rid), got)
 
     await asyncio.gather(*(probe(r, rid) for r in siblings + foreign for rid in facts))
     # write → visible window, one fact at a time, polled by the first sibling
@@ -131,8 +133,8 @@ async def propagation(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, siz
         acked = time.perf_counter()
         deadline = acked + sizes.poll_timeout_s
         while True:
-            got = await t.get(siblings[0], ids=[rid])
-            if returned(got, rid):
+            got = await t.get(siblings[0], rid)
+            if t.seen(got, rid):
                 ev.latency("propagation", t.name, "write_to_visible", (time.perf_counter() - acked) * 1000)
                 break
             if time.perf_counter() > deadline:
@@ -141,16 +143,17 @@ async def propagation(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, siz
             await asyncio.sleep(sizes.poll_interval_s)
 
 
-async def contradiction(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
+async def contradiction(plan: Plan, t: Target, embed: Embed, ev: Events, sizes: Sizes) -> None:
     """Pairs of contradicting facts on a single-valued predicate, near-identical wording.
 
     Both targets get the same facts (subject, ``pipeline_status``, paused → running): through the
     sidecar as the governed triple ``mw_subject``/``mw_predicate``/``mw_object`` (``pipeline_status`` is
     single-valued in the default ``policies/single_valued.txt``, so the newer fact supersedes the older),
     directly as the same values in plain metadata. Per pair the reader asks for the facts about
-    (subject, predicate): the superseded fact must not be served (expected deny; a stale read is a
-    leak) and the newest must be (expected allow). Detection rate = 1 − stale-read rate. Sequential
-    pairs are also searched with the superseded fact's own embedding (``sequential-search``).
+    (subject, predicate) (`Target.facts`: a Chroma ``where``, a Mem0 search filtered on them): the
+    superseded fact must not be served (expected deny; a stale read is a leak) and the newest must be
+    (expected allow). Detection rate = 1 − stale-read rate. Sequential pairs are also searched with the
+    superseded fact's own text and embedding (``sequential-search``).
     """
     tenant, fleet = plan.tenants[0], plan.fleets[0]
     writer = plan.owner(tenant, fleet)
@@ -172,8 +175,8 @@ async def contradiction(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, s
                                             t.add(writer, ids[1], new_text, v_new, "fleet", new_meta))
             for w in (a, b):
                 ev.latency("contradiction", t.name, "write", w.ms)
-            got = await t.get(reader, where=t.fact_where(subject, predicate))
-            ids_seen = set(got.body.get("ids") or []) if got.ok and isinstance(got.body, dict) else set()
+            got = await t.facts(reader, subject, predicate)
+            ids_seen = t.names_in(got)
             both = a.ok and b.ok
             if mode == "sequential":
                 stale, newest = ids[0] in ids_seen, ids[1] in ids_seen
@@ -183,91 +186,158 @@ async def contradiction(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, s
                 ev.probe("contradiction", t.name, path, reader.uid, subject, False, stale, got)
                 ev.probe("contradiction", t.name, f"{path}-newest", reader.uid, subject, True, newest, got)
             if mode == "sequential" and both:
-                found = await t.search(reader, v_old, sizes.search_k)
+                found = await t.search(reader, old_text, v_old, sizes.search_k)
                 ev.probe("contradiction", t.name, "sequential-search", reader.uid, subject, False,
-                         returned(found, ids[0], old_text), found)
+                         t.seen(found, ids[0], old_text), found)
 
 
-async def provenance(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
-    """Chains observation → hypothesis → mitigation → verification linked by ``derived_from``.
+async def provenance(plan: Plan, t: Target, embed: Embed, ev: Events, sizes: Sizes) -> None:
+    """Chains observation → hypothesis → mitigation → verification, each row naming its parent.
 
     Every fifth chain's third hop claims another writer in its metadata; the recorded writer must
-    still be the real one. Walks each chain from the leaf by get-by-id, timing each hop.
+    still be the real one. Every write is a probe (``write``: admitted or not). Where the target has a
+    lineage route (the sidecar), parents are named in ``mw_derived_from`` and each chain is read with one
+    lineage call from the leaf: completeness (the ids root → leaf), depth fidelity (every node at its
+    depth, no extra nodes) and writer accuracy come from that answer; latency ``lineage`` is the call,
+    ``hop`` the call divided by the chain's hops. Elsewhere parents are plain ``derived_from`` metadata
+    and the chain is walked from the leaf by get-by-id, one ``hop`` latency per get.
     """
     tenant, fleet = plan.tenants[0], plan.fleets[0]
     writers = plan.writers(tenant, fleet)
     reader = plan.fleet_agents(tenant, fleet)[1]
     stages = ("observation", "hypothesis", "mitigation", "verification")
+    has_lineage = "lineage" in t.supports
     for c in range(sizes.chains):
-        truth: list[tuple[str, str]] = []  # (row id, real writer)
+        truth: list[tuple[str, str]] = []  # (row name, real writer), root first
         parent = None
         texts = [_text(plan, f"chain{c}-{s}", f"{s} for incident {c}") for s in stages]
         for depth, (stage, text, v) in enumerate(zip(stages, texts, embed(texts))):
             author = writers[depth % len(writers)]
             rid = f"{plan.nonce}-chain{c}-{depth}"
-            extra: dict[str, Any] = {"stage": stage}
-            if parent:
-                extra["derived_from"] = parent
             forged = plan.owner(tenant, plan.fleets[1]).uid if (c % 5 == 4 and depth == 2) else None
-            w = await t.add(author, rid, text, v, "fleet", extra, claimed_writer=forged)
+            w = await t.add(author, rid, text, v, "fleet", {"stage": stage}, claimed_writer=forged,
+                            parents=[parent] if parent else [])
             ev.latency("provenance", t.name, "write", w.ms)
+            ev.probe("provenance", t.name, "write", author.uid, rid, True, w.ok, w)
             truth.append((rid, author.uid))
             parent = rid
-        # walk from the leaf
-        walked: list[tuple[str, str | None]] = []
-        current: str | None = truth[-1][0]
-        while current and len(walked) < 10:
-            got = await t.get(reader, ids=[current])
-            ev.latency("provenance", t.name, "hop", got.ms)
-            if not returned(got, current):
-                break
-            meta = (got.body.get("metadatas") or [None])[0] or {}
-            walked.append((current, t.writer_of(meta)))
-            current = meta.get("derived_from")
-        walked.reverse()
+        if has_lineage:
+            lin = await t.lineage(reader, truth[-1][0])
+            hops = len(truth) - 1
+            ev.latency("provenance", t.name, "lineage", lin.ms)
+            ev.latency("provenance", t.name, "hop", lin.ms / hops)
+            nodes = t.lineage_nodes(lin)
+            walked = [(n.name, n.writer) for n in sorted(nodes, key=lambda n: -n.depth)]  # root first
+            by_name = {n.name: n for n in nodes if n.name}
+            depth_ok = len(nodes) == len(truth) and all(r in by_name and by_name[r].depth == hops - i
+                                                        for i, (r, _) in enumerate(truth))
+        else:
+            chain: list[tuple[str | None, str | None]] = []
+            current: str | None = truth[-1][0]
+            while current and len(chain) < 10:
+                got = await t.get(reader, current)
+                ev.latency("provenance", t.name, "hop", got.ms)
+                meta = t.metadata(got, current)
+                if meta is None:
+                    break
+                chain.append((current, t.writer_of(meta)))
+                current = t.parent_of(meta)
+            walked = list(reversed(chain))
+            depth_ok = len(walked) == len(truth)
         chain_id = f"chain{c}"
         ev.probe("provenance", t.name, "completeness", reader.uid, chain_id, True, [r for r, _ in walked] == [r for r, _ in truth])
-        ev.probe("provenance", t.name, "depth", reader.uid, chain_id, True, len(walked) == len(truth))
+        ev.probe("provenance", t.name, "depth", reader.uid, chain_id, True, depth_ok)
         recorded = dict(walked)
         for rid, real in truth:
             ev.probe("provenance", t.name, "writer", reader.uid, rid, True, recorded.get(rid) == real)
-    ev.unsupported("provenance", t.name, "lineage-endpoint", "no lineage route on this target yet; chains walked by get-by-id")
+    if not has_lineage:
+        ev.unsupported("provenance", t.name, "lineage-endpoint", f"lineage is a memwarden route; {t.title} alone has "
+                       "none, so chains are walked by get-by-id over plain derived_from metadata")
 
 
-async def forgetting(plan: Plan, t: ChromaTarget, embed: Embed, ev: Events, sizes: Sizes) -> None:
-    """Delete a sample, then probe get, search by exact text, list, count and status-code confirmation."""
+def _same(a: Result, b: Result) -> bool:
+    return (a.status, a.body) == (b.status, b.body)
+
+
+async def forgetting(plan: Plan, t: Target, embed: Embed, ev: Events, sizes: Sizes) -> None:
+    """Delete a sample, then probe every path the target has: get, search by the exact text, list,
+    history (Mem0), lineage (the sidecar), count (Chroma), and confirmation by status/shape against a
+    never-existing id on get, history and lineage.
+
+    The owner writes tenant-scoped rows; a reader of another fleet probes them. Where the target has
+    lineage, the owner also writes one agent-scoped child per row (``mw_derived_from`` the row) and reads
+    its lineage: a live parent must be shown (``lineage-child``, expected allow), a deleted one never
+    (expected deny; a child removed by the deletion closure shows nothing and counts as not shown). A
+    deleted row's lineage and history must answer exactly (status and body) like a never-existing id's.
+    """
     tenant, fleet = plan.tenants[0], plan.fleets[0]
     owner = plan.owner(tenant, fleet)
     reader = plan.fleet_agents(tenant, plan.fleets[1])[0]
+    has = t.supports
     rows = [f"{plan.nonce}-forget-{i}" for i in range(sizes.forget_rows)]
     texts = [_text(plan, rid, f"tenant-wide note {i} on the billing migration") for i, rid in enumerate(rows)]
     vectors = embed(texts)
     for rid, text, v in zip(rows, texts, vectors):
-        await t.add(owner, rid, text, v, "tenant")
-    before = await t.count(reader)
+        w = await t.add(owner, rid, text, v, "tenant")
+        ev.latency("forgetting", t.name, "write", w.ms)
+        if not w.ok:
+            raise RuntimeError(f"{t.label}: owner write failed with {w.status}: {w.body}")
+    children = {rid: f"{rid}-child" for rid in rows} if "lineage" in has else {}
+    if children:
+        child_texts = [_text(plan, c, f"follow-up {i} to the billing migration note") for i, c in enumerate(children.values())]
+        for (rid, child), text, v in zip(children.items(), child_texts, embed(child_texts)):
+            w = await t.add(owner, child, text, v, "agent", parents=[rid])
+            ev.probe("forgetting", t.name, "child-write", owner.uid, child, True, w.ok, w)
+    before = await t.count(reader) if "count" in has else None
     deleted = set(plan.rng("forget").sample(rows, sizes.forget_deleted))
-    d = await t.delete(owner, sorted(deleted))
-    ev.latency("forgetting", t.name, "delete", d.ms)
-    listing = await t.get(reader)
-    after = await t.count(reader)
+    for d in await t.delete(owner, sorted(deleted)):
+        ev.latency("forgetting", t.name, "delete", d.ms)
+    listing = await t.listing(reader)
+    after = await t.count(reader) if "count" in has else None
     never = f"{plan.nonce}-never-existed"
-    ghost = await t.get(reader, ids=[never])
+    ghost = await t.get(reader, never)
+    ghost_history = await t.history(reader, never) if "history" in has else None
+    ghost_lineage = {a.uid: await t.lineage(a, never) for a in (reader, owner)} if "lineage" in has else {}
     for rid, text, v in zip(rows, texts, vectors):
         gone = rid in deleted
-        got = await t.get(reader, ids=[rid])
-        found = await t.search(reader, v, sizes.search_k)
-        on = {"get": returned(got, rid), "search-exact-text": returned(found, rid, text), "list": returned(listing, rid, text)}
-        for path, seen in on.items():
-            ev.probe("forgetting", t.name, path, reader.uid, rid, not gone, seen, got if path == "get" else found)
+        got = await t.get(reader, rid)
+        found = await t.search(reader, text, v, sizes.search_k)
+        on: dict[str, tuple[bool, Result]] = {"get": (t.seen(got, rid), got), "search-exact-text": (t.seen(found, rid, text), found),
+                                              "list": (t.seen(listing, rid, text), listing)}
+        hist = lin = None
+        if ghost_history is not None:
+            hist = await t.history(reader, rid)
+            on["history"] = (t.history_shows(hist, rid, text), hist)
+        if ghost_lineage:
+            lin = await t.lineage(reader, rid)
+            on["lineage"] = (any(n.name == rid for n in t.lineage_nodes(lin)), lin)
+        for path, (seen, result) in on.items():
+            ev.probe("forgetting", t.name, path, reader.uid, rid, not gone, seen, result)
         if gone:
-            ev.probe("forgetting", t.name, "recovered-any-path", reader.uid, rid, False, any(on.values()))
+            ev.probe("forgetting", t.name, "recovered-any-path", reader.uid, rid, False, any(s for s, _ in on.values()))
             confirm = got.status != ghost.status or _shape(got.body) != _shape(ghost.body)
             ev.probe("forgetting", t.name, "confirm-by-status-or-shape", reader.uid, rid, False, confirm, got)
-    if before.ok and after.ok and isinstance(before.body, int) and isinstance(after.body, int):
+            if hist is not None and ghost_history is not None:
+                ev.probe("forgetting", t.name, "history-vs-never-existed", reader.uid, rid, False, not _same(hist, ghost_history), hist)
+            if lin is not None:
+                ev.probe("forgetting", t.name, "lineage-vs-never-existed", reader.uid, rid, False,
+                         not _same(lin, ghost_lineage[reader.uid]), lin)
+                mine = await t.lineage(owner, rid)  # the deleter, who could read it, gets no more than anyone
+                ev.probe("forgetting", t.name, "lineage-vs-never-existed", owner.uid, rid, False,
+                         not _same(mine, ghost_lineage[owner.uid]), mine)
+        if rid in children:
+            shown = await t.lineage(owner, children[rid])
+            ev.probe("forgetting", t.name, "lineage-child", owner.uid, children[rid], not gone,
+                     any(n.name == rid for n in t.lineage_nodes(shown)), shown)
+    if before is not None and after is not None and before.ok and after.ok and isinstance(before.body, int) and isinstance(after.body, int):
         # The count must drop by exactly the deleted rows (no trace of them in counts).
         ev.probe("forgetting", t.name, "count", reader.uid, "count", False, after.body != before.body - len(deleted), after)
-    for path in ("history", "lineage"):
-        ev.unsupported("forgetting", t.name, path, "the Chroma API has no such route")
+    reasons = {"history": f"the {t.title} API has no history route",
+               "lineage": f"lineage is a memwarden route; {t.title} alone has none",
+               "count": f"the {t.title} API has no count route (list is probed)"}
+    for path, reason in reasons.items():
+        if path not in has:
+            ev.unsupported("forgetting", t.name, path, reason)
 
 
 def _shape(body: Any) -> Any:

@@ -26,6 +26,13 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """meta.json of a run directory ({} when absent); runs before the backend was recorded were Chroma."""
+    path = run_dir / "meta.json"
+    meta: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    return meta
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
@@ -47,7 +54,7 @@ def side_by_side(paths: list[PathSummary]) -> list[list[str]]:
 def write_report(run_dir: Path) -> str:
     """Recompute summary.csv, summary.md and plots from events.jsonl; returns the markdown."""
     events = read_events(run_dir)
-    meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+    meta = read_meta(run_dir)
     paths, lats, unsupported = summarize(events)
     with open(run_dir / "summary.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
@@ -59,9 +66,11 @@ def write_report(run_dir: Path) -> str:
             w.writerow(["latency", lt.experiment, lt.op, lt.target, "", lt.n, "", "", "", lt.p50, lt.p95, lt.p99])
         for u in unsupported:
             w.writerow(["not_supported", u["experiment"], u["path"], u["target"], "", "", "", "", "", "", "", ""])
+    backend = meta.get("backend", "chroma")
     md = [f"# memwarden probe — {meta.get('run', run_dir.name)}", ""]
     if meta:
-        md += [f"seed {meta.get('seed')}, nonce {meta.get('nonce')}, plan {meta.get('plan')}, experiments {', '.join(meta.get('experiments', []))}", ""]
+        md += [f"backend {backend} (direct = {backend} alone, sidecar = {backend} through memwarden), seed {meta.get('seed')}, "
+               f"nonce {meta.get('nonce')}, plan {meta.get('plan')}, experiments {', '.join(meta.get('experiments', []))}", ""]
     md += ["Leak = observed allow over expected-deny probes; miss = observed deny over expected-allow probes;",
            "95% Wilson intervals. Expectations are the reference scope predicate of DESIGN.md §3.", "",
            "| experiment | path | leak (direct) | leak (sidecar) | miss (direct) | miss (sidecar) |", "|---|---|---|---|---|---|"]

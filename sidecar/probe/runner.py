@@ -1,10 +1,12 @@
-"""Orchestration: provision keys and collections, run the experiments on both targets, write the run dir."""
+"""Orchestration: provision keys (and Chroma collections), run the experiments on both targets of one
+backend (directly and through the sidecar), write the run directory."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import json
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -14,36 +16,46 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sidecar.harness import start_chroma, start_sidecar
+from sidecar.harness import Server, start_chroma, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.probe.experiments import EXPERIMENTS, RUNNERS, Embed, Events, Sizes
 from sidecar.probe.metrics import summarize
 from sidecar.probe.plan import Plan
 from sidecar.probe.report import write_report
-from sidecar.probe.targets import ChromaTarget
+from sidecar.probe.targets import ChromaTarget, Mem0Target, Target
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 DATABASE = "probe_db"
+BACKENDS = ("chroma", "mem0")
+BACKEND_LABEL = {"chroma": "Chroma", "mem0": "Mem0"}
 
 
-def _provision_sidecar(plan: Plan, sidecar_url: str, ledger_path: Path) -> tuple[dict[str, str], dict[str, tuple[str, str, str]]]:
+def _provision_keys(plan: Plan, ledger_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(agent uid → key, tenant → admin key), created in the sidecar's ledger."""
     ledger = SQLiteLedger(ledger_path)
     keys: dict[str, str] = {}
-    collections: dict[str, tuple[str, str, str]] = {}
+    admins: dict[str, str] = {}
     try:
         for tenant in plan.tenants:
-            admin = ledger.create_key("admin", tenant, None, None, 0)[1]
+            admins[tenant] = ledger.create_key("admin", tenant, None, None, 0)[1]
             for a in plan.agents:
                 if a.tenant == tenant:
                     keys[a.uid] = ledger.create_key("agent", tenant, a.fleet, a.name, a.trust)[1]
-            with httpx.Client(base_url=sidecar_url, headers={"X-API-Key": admin}, timeout=60, trust_env=False) as http:
-                http.post("/api/v2/tenants", json={"name": tenant}).raise_for_status()
-                http.post(f"/api/v2/tenants/{tenant}/databases", json={"name": DATABASE}).raise_for_status()
-                coll = http.post(f"/api/v2/tenants/{tenant}/databases/{DATABASE}/collections", json={"name": "memories"})
-                coll.raise_for_status()
-                collections[tenant] = (tenant, DATABASE, coll.json()["id"])
     finally:
         ledger.close()
+    return keys, admins
+
+
+def _provision_sidecar(plan: Plan, sidecar_url: str, ledger_path: Path) -> tuple[dict[str, str], dict[str, tuple[str, str, str]]]:
+    keys, admins = _provision_keys(plan, ledger_path)
+    collections: dict[str, tuple[str, str, str]] = {}
+    for tenant in plan.tenants:
+        with httpx.Client(base_url=sidecar_url, headers={"X-API-Key": admins[tenant]}, timeout=60, trust_env=False) as http:
+            http.post("/api/v2/tenants", json={"name": tenant}).raise_for_status()
+            http.post(f"/api/v2/tenants/{tenant}/databases", json={"name": DATABASE}).raise_for_status()
+            coll = http.post(f"/api/v2/tenants/{tenant}/databases/{DATABASE}/collections", json={"name": "memories"})
+            coll.raise_for_status()
+            collections[tenant] = (tenant, DATABASE, coll.json()["id"])
     return keys, collections
 
 
@@ -59,7 +71,7 @@ def _provision_direct(plan: Plan, chroma_url: str) -> dict[str, tuple[str, str, 
     return {t: (tenant, DATABASE, cid) for t in plan.tenants}
 
 
-async def _run_all(plan: Plan, targets: list[ChromaTarget], experiments: list[str], embed: Embed, sizes: Sizes,
+async def _run_all(plan: Plan, targets: list[Target], experiments: list[str], embed: Embed, sizes: Sizes,
                    on_event: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     ev = Events(on_event)
     try:
@@ -72,22 +84,43 @@ async def _run_all(plan: Plan, targets: list[ChromaTarget], experiments: list[st
     return ev.items
 
 
-def run_probe(plan: Plan, experiments: list[str], chroma_url: str, sidecar_url: str, ledger_path: Path, out: Path,
+def _targets(plan: Plan, backend: str, backend_url: str, sidecar_url: str, ledger_path: Path, backend_key: str | None,
+             concurrency: int, rate_per_s: float) -> list[Target]:
+    if backend == "chroma":
+        keys, side_colls = _provision_sidecar(plan, sidecar_url, ledger_path)
+        direct_colls = _provision_direct(plan, backend_url)
+        return [ChromaTarget("direct", backend_url, direct_colls, concurrency=concurrency, rate_per_s=rate_per_s),
+                ChromaTarget("sidecar", sidecar_url, side_colls, keys, concurrency=concurrency, rate_per_s=rate_per_s)]
+    # Mem0: no collections; each target files the run's memories under its own user_id.
+    keys, _ = _provision_keys(plan, ledger_path)
+    return [Mem0Target("direct", backend_url, f"probe-{plan.nonce}-direct", backend_key=backend_key,
+                       concurrency=concurrency, rate_per_s=rate_per_s),
+            Mem0Target("sidecar", sidecar_url, f"probe-{plan.nonce}-sidecar", keys, concurrency=concurrency,
+                       rate_per_s=rate_per_s)]
+
+
+def no_embed(texts: list[str]) -> list[list[float]]:
+    """Mem0 embeds server-side: the probe sends text only."""
+    return [[] for _ in texts]
+
+
+def run_probe(plan: Plan, experiments: list[str], backend_url: str, sidecar_url: str, ledger_path: Path, out: Path,
               embed: Embed, sizes: Sizes | None = None, console: Console | None = None, concurrency: int = 8,
-              rate_per_s: float = 500.0) -> Path:
-    """Run `experiments` against Chroma directly and through the sidecar; returns the run directory."""
+              rate_per_s: float = 500.0, backend: str = "chroma", backend_key: str | None = None) -> Path:
+    """Run `experiments` against `backend` (``chroma`` or ``mem0``) at `backend_url` directly and through the
+    sidecar at `sidecar_url` (whose ledger is `ledger_path`: keys are provisioned there); returns the run
+    directory. `backend_key` is Mem0's API key for the direct target."""
     unknown = set(experiments) - set(EXPERIMENTS)
     if unknown:
         raise ValueError(f"unknown experiments: {sorted(unknown)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
     sizes = sizes or Sizes()
     console = console or Console()
-    keys, side_colls = _provision_sidecar(plan, sidecar_url, ledger_path)
-    direct_colls = _provision_direct(plan, chroma_url)
-    targets = [ChromaTarget("direct", chroma_url, direct_colls, concurrency=concurrency, rate_per_s=rate_per_s),
-               ChromaTarget("sidecar", sidecar_url, side_colls, keys, concurrency=concurrency, rate_per_s=rate_per_s)]
+    targets = _targets(plan, backend, backend_url, sidecar_url, ledger_path, backend_key, concurrency, rate_per_s)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     label = "all" if set(experiments) == set(EXPERIMENTS) else "+".join(experiments)
-    run_dir = out / f"{stamp}-{label}-seed{plan.seed}"
+    run_dir = out / f"{stamp}-{backend}-{label}-seed{plan.seed}"
     run_dir.mkdir(parents=True, exist_ok=False)
     events_file = open(run_dir / "events.jsonl", "w", encoding="utf-8")
     with Progress(TextColumn("probe {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -96,25 +129,26 @@ def run_probe(plan: Plan, experiments: list[str], chroma_url: str, sidecar_url: 
 
         def on_event(e: dict[str, Any]) -> None:
             events_file.write(json.dumps(e, separators=(",", ":")) + "\n")
-            progress.update(task, advance=1, description=f"{e['experiment']} ({e['target']})")
+            progress.update(task, advance=1, description=f"{e['experiment']} ({e['target']} {backend})")
 
         try:
             asyncio.run(_run_all(plan, targets, experiments, embed, sizes, on_event))
         finally:
             events_file.close()
-    meta = {"run": run_dir.name, "seed": plan.seed, "nonce": plan.nonce, "experiments": experiments,
+    meta = {"run": run_dir.name, "backend": backend, "seed": plan.seed, "nonce": plan.nonce, "experiments": experiments,
             "plan": f"{len(plan.tenants)} tenants x {len(plan.fleets)} fleets x {len(plan.agents) // (len(plan.tenants) * len(plan.fleets))} agents",
-            "targets": {"direct": chroma_url, "sidecar": sidecar_url}}
+            "targets": {"direct": backend_url, "sidecar": sidecar_url}}
     (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     write_report(run_dir)
     return run_dir
 
 
 def print_table(run_dir: Path, console: Console) -> None:
-    from sidecar.probe.report import read_events
+    from sidecar.probe.report import read_events, read_meta
 
     paths, _, _ = summarize(read_events(run_dir))
-    table = Table(title=f"memwarden probe: direct Chroma vs through memwarden ({run_dir.name}; 95% Wilson intervals in summary.md)")
+    backend = BACKEND_LABEL.get(str(read_meta(run_dir).get("backend", "chroma")), "backend")
+    table = Table(title=f"memwarden probe: direct {backend} vs through memwarden ({run_dir.name}; 95% Wilson intervals in summary.md)")
     for col in ("experiment", "path", "leak direct", "leak sidecar", "miss direct", "miss sidecar"):
         table.add_column(col)
     keyed: dict[tuple[str, str], dict[str, Any]] = {}
@@ -135,21 +169,33 @@ def print_table(run_dir: Path, console: Console) -> None:
 
 
 def run_embedded(seed: int, experiments: list[str], out: Path, sizes: Sizes | None = None, console: Console | None = None,
-                 tenants: int = 1, fleets: int = 4, agents: int = 6) -> Path:
-    """Start `chroma run` and the sidecar in a temp dir, run the probe, stop both."""
-    from sidecar.embeddings import embed
-
+                 tenants: int = 1, fleets: int = 4, agents: int = 6, backend: str = "chroma") -> Path:
+    """Start the backend (`chroma run`, or our Mem0 REST server on the real mem0ai Memory) and the sidecar
+    in front of it in a temp dir, run the probe, stop both."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
     console = console or Console()
     plan = Plan.build(seed, tenants, fleets, agents)
     with tempfile.TemporaryDirectory(prefix="memwarden-probe-") as tmp:
         root = Path(tmp)
-        chroma = start_chroma(root / "chroma")
-        side = None
+        server: Server | None = None
+        side: Server | None = None
         try:
             SQLiteLedger(root / "ledger.db").close()
-            side = start_sidecar(chroma.url, root / "ledger.db", POLICIES)
-            return run_probe(plan, experiments, chroma.url, side.url, root / "ledger.db", out, embed, sizes, console)
+            if backend == "chroma":
+                from sidecar.embeddings import embed
+
+                server = start_chroma(root / "chroma")
+                side = start_sidecar(server.url, root / "ledger.db", POLICIES)
+                return run_probe(plan, experiments, server.url, side.url, root / "ledger.db", out, embed, sizes, console)
+            key = "mem0-" + secrets.token_hex(16)
+            server = start_mem0(root / "mem0", key)
+            side = start_sidecar(server.url, root / "ledger.db", POLICIES, extra_env={
+                "MEMWARDEN_BACKEND": "mem0", "MEMWARDEN_BACKEND_AUTH_HEADER": "X-API-Key", "MEMWARDEN_BACKEND_TOKEN": key})
+            return run_probe(plan, experiments, server.url, side.url, root / "ledger.db", out, no_embed, sizes, console,
+                             backend="mem0", backend_key=key)
         finally:
             if side:
                 side.stop()
-            chroma.stop()
+            if server:
+                server.stop()

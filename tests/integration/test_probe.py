@@ -1,9 +1,12 @@
-"""A tiny-N run of every probe experiment against the real Chroma fixture, direct and through the sidecar."""
+"""A tiny-N run of every probe experiment against each backend profile, direct and through the sidecar: the
+real Chroma fixture, and our Mem0 REST server on the real mem0ai `Memory` (started for this module) with a
+sidecar (``MEMWARDEN_BACKEND=mem0``) in front of it."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from rich.console import Console
@@ -11,12 +14,14 @@ from typer.testing import CliRunner
 
 from sidecar.cli import app
 from sidecar.embeddings import embed
+from sidecar.harness import start_mem0, start_sidecar
 from sidecar.probe.experiments import EXPERIMENTS, Sizes
-from sidecar.probe.metrics import summarize
+from sidecar.probe.metrics import PathSummary, summarize
 from sidecar.probe.plan import Plan
-from sidecar.probe.report import read_events
-from sidecar.probe.runner import run_probe
-from tests.integration.conftest import Stack
+from sidecar.probe.report import read_events, read_meta
+from sidecar.probe.runner import no_embed, run_probe
+from tests.integration.conftest import POLICIES, Stack
+from tests.integration.mem0.conftest import MEM0_KEY, sidecar_env
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +34,22 @@ def run_dir(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Path:
                      embed, Sizes.tiny(), console)
 
 
+def _by(run_dir: Path) -> dict[tuple[str, str, str], PathSummary]:
+    paths, _, _ = summarize(read_events(run_dir))
+    return {(p.experiment, p.path, p.target): p for p in paths}
+
+
 def test_every_experiment_ran_on_both_targets(run_dir: Path) -> None:
-    assert run_dir.name.endswith("-all-seed3")
+    assert run_dir.name.endswith("-chroma-all-seed3") and read_meta(run_dir)["backend"] == "chroma"
     for name in ("events.jsonl", "summary.csv", "summary.md", "leak_rates.png", "miss_rates.png", "latency.png", "meta.json"):
         assert (run_dir / name).stat().st_size > 0, name
     events = read_events(run_dir)
     seen = {(e["experiment"], e["target"]) for e in events if e["kind"] in ("probe", "latency")}
     assert seen == {(x, t) for x in EXPERIMENTS for t in ("direct", "sidecar")}
-    # Chroma has no history or lineage route: reported, not failed.
-    assert {(e["experiment"], e["path"]) for e in events if e["kind"] == "not_supported"} >= {("forgetting", "history"), ("forgetting", "lineage")}
+    # Chroma has no history route, and alone no lineage route: reported, not failed.
+    assert {(e["experiment"], e["path"], e["target"]) for e in events if e["kind"] == "not_supported"} == {
+        ("forgetting", "history", "direct"), ("forgetting", "history", "sidecar"), ("forgetting", "lineage", "direct"),
+        ("provenance", "lineage-endpoint", "direct")}
 
 
 def test_sidecar_closes_what_direct_chroma_leaks(run_dir: Path) -> None:
@@ -48,10 +60,14 @@ def test_sidecar_closes_what_direct_chroma_leaks(run_dir: Path) -> None:
     assert by[("leakage", "search", "direct")].leak.k > 0
     assert by[("propagation", "foreign-get", "direct")].leak.k > 0
     for p in paths:
-        if p.target == "sidecar" and p.experiment in ("leakage", "propagation", "contradiction", "forgetting"):
+        if p.target == "sidecar":
             assert p.leak.k == 0 and p.miss.k == 0, p
     assert by[("leakage", "get", "sidecar")].leak.n > 50 and by[("leakage", "get", "sidecar")].miss.n > 10
-    assert by[("provenance", "writer", "sidecar")].miss.k == 0
+    assert by[("provenance", "writer", "sidecar")].miss.n == 4 * Sizes.tiny().chains  # read from the lineage endpoint
+    tiny = Sizes.tiny()
+    assert by[("forgetting", "lineage-child", "sidecar")].leak.n == tiny.forget_deleted  # a deleted parent never shown
+    assert by[("forgetting", "lineage-child", "sidecar")].miss.n == tiny.forget_rows - tiny.forget_deleted
+    assert by[("forgetting", "lineage-vs-never-existed", "sidecar")].leak.n == 2 * tiny.forget_deleted
 
 
 def test_sidecar_supersession_removes_stale_reads_that_direct_chroma_serves(run_dir: Path) -> None:
@@ -83,6 +99,71 @@ def test_report_is_recomputed_from_events_alone(run_dir: Path) -> None:
     assert (run_dir / "summary.md").read_text() == md
     assert (run_dir / "leak_rates.png").exists()
     assert CliRunner().invoke(app, ["probe", "report", str(run_dir / "nope")]).exit_code == 2
+
+
+@pytest.fixture(scope="module")
+def mem0_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Our Mem0 REST server and a Mem0-profile sidecar for this module only, and one tiny run on them."""
+    tmp = tmp_path_factory.mktemp("probe-mem0")
+    mem0 = start_mem0(tmp / "mem0", MEM0_KEY)
+    side = None
+    try:
+        side = start_sidecar(mem0.url, tmp / "ledger.db", POLICIES, extra_env=sidecar_env())
+        yield run_probe(Plan.build(4), list(EXPERIMENTS), mem0.url, side.url, tmp / "ledger.db", tmp / "runs", no_embed,
+                        Sizes.tiny(), Console(file=io.StringIO()), backend="mem0", backend_key=MEM0_KEY)
+    finally:
+        if side:
+            side.stop()
+        mem0.stop()
+
+
+def test_mem0_every_experiment_ran_and_missing_paths_are_reported(mem0_run_dir: Path) -> None:
+    assert mem0_run_dir.name.endswith("-mem0-all-seed4") and read_meta(mem0_run_dir)["backend"] == "mem0"
+    assert "backend mem0" in (mem0_run_dir / "summary.md").read_text()
+    events = read_events(mem0_run_dir)
+    seen = {(e["experiment"], e["target"]) for e in events if e["kind"] in ("probe", "latency")}
+    assert seen == {(x, t) for x in EXPERIMENTS for t in ("direct", "sidecar")}
+    # Mem0 has history but no count route; lineage is the sidecar's
+    assert {(e["experiment"], e["path"], e["target"]) for e in events if e["kind"] == "not_supported"} == {
+        ("forgetting", "count", "direct"), ("forgetting", "count", "sidecar"), ("forgetting", "lineage", "direct"),
+        ("provenance", "lineage-endpoint", "direct")}
+
+
+def test_mem0_through_the_sidecar_leaks_and_misses_nothing(mem0_run_dir: Path) -> None:
+    by = _by(mem0_run_dir)
+    sidecar = [p for key, p in by.items() if key[2] == "sidecar"]
+    for p in sidecar:
+        assert p.leak.k == 0 and p.miss.k == 0, p
+    tiny = Sizes.tiny()
+    assert by[("leakage", "get", "sidecar")].leak.n > 50 and by[("leakage", "search", "sidecar")].miss.n > 10
+    # lineage answers provenance (mw_derived_from) and forgetting; history is 404 for a deleted memory
+    assert by[("provenance", "completeness", "sidecar")].miss.n == tiny.chains
+    assert by[("provenance", "writer", "sidecar")].miss.n == 4 * tiny.chains
+    assert by[("forgetting", "lineage-child", "sidecar")].leak.n == tiny.forget_deleted
+    assert by[("forgetting", "lineage-vs-never-existed", "sidecar")].leak.n == 2 * tiny.forget_deleted
+    assert by[("forgetting", "history-vs-never-existed", "sidecar")].leak.n == tiny.forget_deleted
+    for mode in ("sequential", "concurrent"):  # supersession: stale-read rate 0 over admitted pairs
+        assert by[("contradiction", f"{mode}-both-admitted", "sidecar")].leak.n == tiny.contradiction_facts
+
+
+def test_mem0_alone_shows_its_known_leaks(mem0_run_dir: Path) -> None:
+    """Measured: Mem0 alone serves every row to every agent, both contradicting facts, and a deleted
+    memory's text from its history; its get, list and search do forget."""
+    by = _by(mem0_run_dir)
+    tiny = Sizes.tiny()
+    assert by[("leakage", "get", "direct")].leak.p == 1.0 and by[("leakage", "search", "direct")].leak.k > 0
+    assert by[("propagation", "foreign-get", "direct")].leak.p == 1.0
+    for mode in ("sequential", "concurrent"):
+        stale = by[("contradiction", mode, "direct")].leak
+        assert (stale.k, stale.n) == (tiny.contradiction_facts, tiny.contradiction_facts)
+    assert by[("contradiction", "sequential-search", "direct")].leak.k > 0
+    for path in ("history", "history-vs-never-existed", "recovered-any-path"):
+        leak = by[("forgetting", path, "direct")].leak
+        assert (leak.k, leak.n) == (tiny.forget_deleted, tiny.forget_deleted), path
+    for path in ("get", "list", "search-exact-text", "confirm-by-status-or-shape"):
+        assert by[("forgetting", path, "direct")].leak.k == 0, path
+    # every miss on Mem0 alone is 0 too: the baseline loses nothing, it only over-serves
+    assert all(p.miss.k == 0 for key, p in by.items() if key[2] == "direct")
 
 
 def test_plan_is_deterministic() -> None:
