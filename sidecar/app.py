@@ -1,8 +1,9 @@
 """ASGI application: `create_app(settings)` wires ledger, PDP, backend profile and pipeline.
 
-Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend),
-``/_memwarden/metrics`` (Prometheus); everything else goes through the pipeline, including the
-authenticated ``/_memwarden/memories/{id}/lineage`` (`sidecar.lineage`). Start-up fails (PolicyLoadError) when the policy set or
+Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend);
+everything else goes through the pipeline, including the authenticated
+``/_memwarden/memories/{id}/lineage`` (`sidecar.lineage`). Prometheus metrics are served on a separate
+listener (``METRICS_HOST``:``METRICS_PORT``), never on the API port. Start-up fails (PolicyLoadError) when the policy set or
 schema does not load.
 """
 
@@ -16,7 +17,7 @@ from typing import AsyncIterator
 
 import httpx
 import structlog
-from fastapi import FastAPI, Response
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -25,7 +26,7 @@ from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
 from sidecar.ledger import Ledger, ledger_from_settings
-from sidecar.metrics import (CONTENT_TYPE_LATEST, InstrumentedLedger, Metrics, instrument_reconciler,
+from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
 from sidecar.pipeline import Pipeline
 from sidecar.policy_reload import PolicyHandle
@@ -33,9 +34,10 @@ from sidecar.policy import PolicyEngine
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
-# Unauthenticated operational routes served by FastAPI; every other path (``/_memwarden/memories/…``
-# included) goes through the pipeline, which authenticates first.
-INTERNAL_ROUTES = frozenset({b"/_memwarden/healthz", b"/_memwarden/readyz", b"/_memwarden/metrics"})
+# Unauthenticated probes served by FastAPI; every other path (``/_memwarden/memories/…`` and
+# ``/_memwarden/metrics`` included) goes through the pipeline, which authenticates first. Prometheus
+# metrics have their own listener (`sidecar.metrics.serve_metrics`, started by ``memwarden serve``).
+INTERNAL_ROUTES = frozenset({b"/_memwarden/healthz", b"/_memwarden/readyz"})
 
 
 class Services:
@@ -116,10 +118,6 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/_memwarden/metrics")
-    async def metrics() -> Response:
-        return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
     app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics)
     return app
 
@@ -135,6 +133,10 @@ class PipelineMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no WebSocket routes: refuse before any framework sees it
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
+            return
         raw = scope.get("raw_path") or scope.get("path", "").encode("latin-1", "replace")
         if scope["type"] != "http" or raw in INTERNAL_ROUTES:
             await self.app(scope, receive, send)

@@ -46,12 +46,26 @@ def serve(
         overrides["policies_dir"] = policies
     if ledger:
         overrides["ledger_path"] = ledger
+    settings = Settings(**overrides)  # type: ignore[arg-type]
     try:
-        application = create_app(Settings(**overrides))  # type: ignore[arg-type]
+        application = create_app(settings)
     except PolicyLoadError as exc:
         console.print(f"[red]memwarden: policies failed to load:[/red] {exc}")
         raise typer.Exit(2) from exc
-    uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+    stop_metrics = None
+    if settings.metrics_port:
+        from sidecar.metrics import serve_metrics
+        try:
+            stop_metrics = serve_metrics(application.state.services.metrics, settings.metrics_host, settings.metrics_port)
+        except OSError as exc:
+            console.print(f"[red]memwarden: metrics listener {settings.metrics_host}:{settings.metrics_port}: {exc}[/red] "
+                          "(set MEMWARDEN_METRICS_PORT to a free port, or 0 for none)")
+            raise typer.Exit(2) from exc
+    try:
+        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 @keys.command("create")

@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
     log_level: str = "INFO"
+    metrics_host: str = Field(default="127.0.0.1", description="address of the Prometheus listener (not the API port)")
+    metrics_port: int = Field(default=9464, ge=0, le=65535, description="port of the Prometheus listener; 0 = no listener")
     # -- operator features (probes, metrics, reload, shadow mode, decision-log sinks) ------------
     policy_watch_interval_s: float = Field(
         default=2.0, ge=0, description="seconds between checks of policies_dir for changes; 0 = no watching (SIGHUP still reloads)")

@@ -34,6 +34,7 @@ class Server:
     port: int
     proc: subprocess.Popen[bytes]
     log: Path
+    metrics_url: str | None = None  # the sidecar's Prometheus listener
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -99,12 +100,15 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
     ledger_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log, "wb")
     env = {**os.environ, "MEMWARDEN_BACKEND_URL": backend_url, "MEMWARDEN_LEDGER_PATH": str(ledger_path),
-           "MEMWARDEN_POLICIES_DIR": str(policies_dir), **(extra_env or {})}
+           "MEMWARDEN_POLICIES_DIR": str(policies_dir), "MEMWARDEN_METRICS_HOST": "127.0.0.1",
+           "MEMWARDEN_METRICS_PORT": str(free_port()), **(extra_env or {})}
+    metrics_port = int(env["MEMWARDEN_METRICS_PORT"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
-    return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log), "/_memwarden/healthz", timeout_s)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
+    return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log, metrics_url), "/_memwarden/healthz", timeout_s)
 
 
 def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0) -> Server:

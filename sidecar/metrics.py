@@ -1,4 +1,6 @@
-"""Prometheus metrics (prometheus-client) for ``/_memwarden/metrics``, one registry per app.
+"""Prometheus metrics (prometheus-client), one registry per app, served by `serve_metrics` on a listener of
+its own (``METRICS_HOST``:``METRICS_PORT``), never on the API port: counters of Cedar decisions move with
+single requests, so an agent that could scrape them would learn about rows it may not read.
 
 Series (all prefixed ``memwarden_``; durations in seconds):
 
@@ -28,7 +30,7 @@ from collections import Counter as Tally
 from functools import wraps
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "InstrumentedLedger", "Metrics", "instrument_upstream"]
@@ -78,7 +80,6 @@ class Metrics:
                                          ["action"], registry=r)
         self.ready = Gauge("memwarden_ready", "1 when the last readiness check passed", registry=r)
         self.policy_last_reload_ok.set(1)
-        self._pool_source: Callable[[], dict[str, int]] | None = None
 
     # -- observations -----------------------------------------------------------------------
     def observe_exchange(self, ex: Any, status: int) -> None:
@@ -101,19 +102,20 @@ class Metrics:
         self.policy_set.labels(sha256).set(1)
 
     def watch_pool(self, source: Callable[[], dict[str, int]]) -> None:
-        """Read PostgreSQL pool statistics from `source` at every scrape."""
-        self._pool_source = source
+        """Read PostgreSQL pool statistics from `source` at every scrape (0 when it fails)."""
+        def reader(key: str) -> Callable[[], float]:
+            def read() -> float:
+                try:
+                    return float(source().get(key, 0))
+                except Exception:
+                    return 0.0
+            return read
+
+        for state, key in (("size", "pool_size"), ("available", "pool_available"), ("waiting", "requests_waiting")):
+            self.ledger_pool.labels(state).set_function(reader(key))
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""
-        if self._pool_source is not None:
-            try:
-                stats = self._pool_source()
-                self.ledger_pool.labels("size").set(stats.get("pool_size", 0))
-                self.ledger_pool.labels("available").set(stats.get("pool_available", 0))
-                self.ledger_pool.labels("waiting").set(stats.get("requests_waiting", 0))
-            except Exception:
-                pass
         return generate_latest(self.registry)
 
 
@@ -199,3 +201,15 @@ def instrument_reconciler(profile: Any, ledger: Any, metrics: Metrics) -> None:
         return result
 
     profile.reconcile = counted
+
+
+def serve_metrics(metrics: Metrics, host: str, port: int) -> Callable[[], None]:
+    """Start the Prometheus listener (prometheus-client's threaded HTTP server; every path answers the
+    exposition text). Returns a function that stops it. Raises OSError when the address is taken."""
+    server, thread = start_http_server(port, host, registry=metrics.registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    return stop

@@ -50,6 +50,10 @@ def manifests(root: Path) -> list[dict[str, Any]]:
         # The credential memwarden sends to the backend, for backends that require one (optional).
         {"name": "MEMWARDEN_BACKEND_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": NAME, "key": "backend-token", "optional": True}}},
+        # Prometheus scrapes the pod on its own port; the Service exposes only the API port, so agents
+        # cannot watch decision counters move.
+        {"name": "MEMWARDEN_METRICS_HOST", "value": "0.0.0.0"},
+        {"name": "MEMWARDEN_METRICS_PORT", "value": "9464"},
     ]
     restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                   "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
@@ -69,7 +73,8 @@ def manifests(root: Path) -> list[dict[str, Any]]:
              # One pod: Chroma's data lives on this pod's volume, so it is not replicated by scaling.
              "replicas": 1, "serviceName": NAME, "selector": {"matchLabels": LABELS},
              "template": {
-                 "metadata": {"labels": LABELS},
+                 "metadata": {"labels": LABELS, "annotations": {
+                     "prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}},
                  "spec": {
                      "serviceAccountName": NAME, "automountServiceAccountToken": False,
                      "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -83,7 +88,7 @@ def manifests(root: Path) -> list[dict[str, Any]]:
                          {
                              "name": "memwarden", "image": IMAGE,
                              "args": ["serve", "--host", "0.0.0.0", "--port", "8080"],
-                             "ports": [{"name": "http", "containerPort": 8080}],
+                             "ports": [{"name": "http", "containerPort": 8080}, {"name": "metrics", "containerPort": 9464}],
                              "env": memwarden_env,
                              "readinessProbe": probe("/_memwarden/readyz", 5),
                              "livenessProbe": probe("/_memwarden/healthz", 10),

@@ -144,7 +144,7 @@ def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
     chroma, mw = containers["chroma"], containers["memwarden"]
     assert chroma["command"][chroma["command"].index("--host") + 1] == "127.0.0.1" and "ports" not in chroma
     assert [p["targetPort"] for p in docs["Service"]["spec"]["ports"]] == ["http"]
-    assert mw["ports"] == [{"name": "http", "containerPort": 8080}]
+    assert mw["ports"] == [{"name": "http", "containerPort": 8080}, {"name": "metrics", "containerPort": 9464}]
     assert mw["readinessProbe"]["httpGet"]["path"] == "/_memwarden/readyz"
     assert mw["livenessProbe"]["httpGet"]["path"] == "/_memwarden/healthz"
     for c in [*pod["containers"], *pod["initContainers"]]:
@@ -167,3 +167,13 @@ def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
     PolicyEngine.load(tmp_path)
     mount = next(m for m in mw["volumeMounts"] if m["name"] == "policies")
     assert mount["mountPath"] == env["MEMWARDEN_POLICIES_DIR"]["value"]
+    # Prometheus scrapes the metrics port on the pod; the Service carries only the API port.
+    assert env["MEMWARDEN_METRICS_PORT"]["value"] == "9464" and env["MEMWARDEN_METRICS_HOST"]["value"] == "0.0.0.0"
+    assert docs["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9464"
+    # Every file of policies/ the sidecar reads is in the ConfigMap (single-valued predicates included).
+    assert "single_valued.txt" in data
+
+
+def test_committed_manifest_is_the_rendered_one() -> None:
+    assert (DEPLOY / "kubernetes" / "memwarden.yaml").read_text() == render.render(ROOT / "policies"), \
+        "re-run: python deploy/kubernetes/render.py policies > deploy/kubernetes/memwarden.yaml"

@@ -182,8 +182,11 @@ def test_both_replicas_ready_on_postgres(replicas: Replicas) -> None:
     for s in (replicas.a, replicas.b):
         ready = httpx.get(s.url + "/_memwarden/readyz", trust_env=False).json()
         assert ready["ready"] and ready["checks"]["ledger"]
-        metrics = httpx.get(s.url + "/_memwarden/metrics", trust_env=False).text
+        assert s.metrics_url is not None
+        metrics = httpx.get(s.metrics_url, trust_env=False).text
         assert 'memwarden_ledger_pool_connections{state="size"}' in metrics
+        # not on the API port: agents must not watch decision counters move
+        assert httpx.get(s.url + "/_memwarden/metrics", trust_env=False).status_code == 401
 
 
 def test_revocation_through_a_is_honoured_by_b_on_its_next_request(replicas: Replicas) -> None:
@@ -262,7 +265,8 @@ def test_ledger_outage_denies_and_unreadies(pg_url: str, chroma_server: Server, 
         assert r.status_code == 500 and r.json()["error"] == "internal"
         ready = httpx.get(side.url + "/_memwarden/readyz", trust_env=False)
         assert ready.status_code in (200, 503)  # SELECT 1 still answers: the schema loss shows on requests
-        metrics = httpx.get(side.url + "/_memwarden/metrics", trust_env=False).text
+        assert side.metrics_url is not None
+        metrics = httpx.get(side.metrics_url, trust_env=False).text
         assert 'memwarden_ledger_errors_total{method="authenticate"}' in metrics
     finally:
         side.stop()

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 
 def metric(server: Server, line_prefix: str) -> float:
-    for line in httpx.get(server.url + "/_memwarden/metrics", trust_env=False).text.splitlines():
+    assert server.metrics_url is not None
+    for line in httpx.get(server.metrics_url, trust_env=False).text.splitlines():
         if line.startswith(line_prefix + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

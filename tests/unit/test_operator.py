@@ -73,10 +73,9 @@ def make(ledger: SQLiteLedger, policies_dir: Path = POLICIES, handler: Any = rep
 
 
 def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    r = client.get("/_memwarden/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = client.app.state.services.metrics.render().decode()  # type: ignore[attr-defined]
     out = {}
-    for family in text_string_to_metric_families(r.text):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
@@ -99,13 +98,16 @@ def test_only_the_three_operational_routes_skip_authentication(ledger: SQLiteLed
     client, seen = make(ledger)
     key = ledger.create_key("agent", "t", "f", "a", 1)[1]
     for path in ("/_memwarden/docs", "/_memwarden/%6Detrics", "/_memwarden/healthz/", "/_memwarden/memories/r1/lineage",
-                 "/_memwarden/openapi.json"):
+                 "/_memwarden/openapi.json", "/_memwarden/metrics"):
         assert client.get(path).status_code == 401, path  # the pipeline answers, and authenticates first
     authed = {"Authorization": f"Bearer {key}"}
     assert client.get("/_memwarden/docs", headers=authed).status_code == 404
     assert client.get("/_memwarden/%6Detrics", headers=authed).status_code == 404
     assert client.get(f"/_memwarden/memories/r1/lineage?collection={CID}", headers=authed).status_code == 404
     assert seen == []  # none of it reached the backend
+    with pytest.raises(Exception):  # no WebSocket route: the connection is closed before any framework code
+        with client.websocket_connect("/_memwarden/healthz"):
+            pass
 
 
 def test_readyz_is_503_when_backend_or_ledger_is_down(ledger: SQLiteLedger, tmp_path: Path) -> None:
