@@ -17,8 +17,8 @@ Answer 200::
                 "source": "chroma:add:<request id>", "parents": [1]},
                {"node": 1, "depth": 1, "redacted": true, "parents": []}]}
 
-Nodes are in breadth-first order from the memory (depth 0) towards its roots; ``parents`` are node
-numbers. An ancestor the caller may not ``read`` — another scope, another tenant, or a deleted row
+Nodes are in breadth-first order from the memory (depth 0) towards its roots — within a depth,
+readable nodes by id, then placeholders in an order unrelated to their ids; ``parents`` are node numbers. An ancestor the caller may not ``read`` — another scope, another tenant, or a deleted row
 (``DELETION_CLOSURE=redact`` keeps derived rows) — is a placeholder with no id, writer, time or
 content, identical in all those cases. Superseded ancestors are shown (lineage is history) when
 readable. The starting memory must be servable and readable: a missing, foreign, deleted or (without
@@ -27,6 +27,8 @@ readable. The starting memory must be servable and readable: a missing, foreign,
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -102,10 +104,21 @@ def lineage(ex: Exchange, profile: LineageProfile, ledger: Ledger, authz: Author
     start = walk[0][1]
     assert start is not None  # readable above, so the ledger knows it
     readable[walk[0][2]] = start
+    # Order within a depth: readable nodes by (collection, id), then placeholders by a keyed hash, so
+    # the position of a placeholder says nothing about how its hidden id sorts.
+    secret = ledger.content_key()
+
+    def rank(item: tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]) -> tuple[int, int, str]:
+        depth, _, key, _ = item
+        if key in readable:
+            return depth, 0, "\x00".join(key)
+        return depth, 1, hmac.new(secret, "\x00".join(key).encode(), hashlib.sha256).hexdigest()
+
+    walk = sorted(walk, key=rank)
     number = {key: i for i, (_, _, key, _) in enumerate(walk)}
     nodes: list[dict[str, Any]] = []
     for i, (depth, _, key, parents) in enumerate(walk):
-        links = [number[p] for p in parents if p in number]
+        links = sorted(number[p] for p in parents if p in number)
         row = readable.get(key)
         if row is None:
             nodes.append({"node": i, "depth": depth, "redacted": True, "parents": links})

@@ -79,6 +79,21 @@ def test_an_unreadable_ancestor_is_a_placeholder_without_id_or_content(stack: St
     assert "private" not in r.text and "hunch" not in r.text
 
 
+def test_placeholder_position_does_not_reveal_how_its_id_sorts(stack: Stack, chain: Tenant) -> None:
+    orders = []
+    for secret in ("a-secret", "m-secret", "zz-secret"):  # sorts before, between and after the readable parents
+        with stack.http(chain.keys["w"]) as http:
+            add(http, chain, f"b-{secret}", "public parent b", 0)
+            add(http, chain, f"y-{secret}", "public parent y", 1)
+            add(http, chain, secret, "w's private parent", 2, mw_scope="agent")
+            add(http, chain, f"kid-{secret}", "the child", 3, mw_derived_from=f"y-{secret},{secret},b-{secret}")
+        with stack.http(chain.keys["peer"]) as http:
+            body = lineage(http, chain, f"kid-{secret}").json()
+        orders.append([n.get("id", "?").replace(secret, "S") for n in body["nodes"]])
+        assert body["nodes"][0]["parents"] == [1, 2, 3]
+    assert orders == [["kid-S", "b-S", "y-S", "?"]] * 3
+
+
 def test_unreadable_missing_and_foreign_starts_answer_the_same_404(stack: Stack, chain: Tenant) -> None:
     other = stack.tenant("lin-other")
     other_key = stack.key(other.name, "red", "w", 3)
