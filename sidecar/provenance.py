@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from sidecar.errors import BadRequest, Conflict, Forbidden
 from sidecar.governance import SCOPES, Principal, Row, agent_id
-from sidecar.ledger.base import now_us
+from sidecar.ledger.base import StaleFact, now_us
 
 if TYPE_CHECKING:
     from sidecar.exchange import Exchange
@@ -204,14 +204,51 @@ class Provenance:
                 ex.decision = "deny"
                 raise Forbidden("derived_from names a memory you cannot read")
 
-    def check_supersession(self, ex: Exchange, rows: list[Row]) -> None:
+    def check_supersession(self, ex: Exchange, rows: list[Row]) -> dict[str, tuple[str, str] | None]:
         """Replacing the active fact for (tenant, subject, predicate) needs `update` on that row;
-        a fact the writer cannot read answers 403 exactly like one it may read but not update."""
-        current = [f for f in (self.ledger.active_fact(self.backend, r.tenant, r.subject or "", r.predicate or "")
-                               for r in rows if r.single_valued) if f is not None]
-        if current and not all(d.allowed for d in self.authz.decide_rows(ex, "update", current)):
+        a fact the writer cannot read answers 403 exactly like one it may read but not update.
+
+        Returns, per single-valued row of `rows` (in order), the (collection, id) of the fact it will
+        supersede — the fact decided here, or the previous row of `rows` with the same triple key —
+        or None: the `expect` of `Ledger.activate_rows`."""
+        current: dict[tuple[str, str, str], Row | None] = {}
+        last: dict[tuple[str, str, str], tuple[str, str] | None] = {}
+        expect: dict[str, tuple[str, str] | None] = {}
+        for r in rows:
+            if not r.single_valued:
+                continue
+            key = (r.tenant, r.subject or "", r.predicate or "")
+            if key not in current:
+                fact = current[key] = self.ledger.active_fact(self.backend, *key)
+                last[key] = (fact.collection, fact.row_id) if fact is not None else None
+            expect[r.row_id] = last[key]
+            last[key] = (r.collection, r.row_id)  # a later row of `rows` supersedes this one
+        facts = [f for f in current.values() if f is not None]
+        if facts and not all(d.allowed for d in self.authz.decide_rows(ex, "update", facts)):
             ex.decision = "deny"
             raise Forbidden("superseding this fact is not permitted")
+        return expect
+
+    def activate(self, ex: Exchange, collection: str, rows: list[Row], attempts: int = 100) -> None:
+        """Activate reserved `rows` (already written to the backend) in `collection`. A single-valued row
+        supersedes only a fact whose `update` was decided for this caller: `check_supersession` runs again
+        and the ledger activates only if that fact is still the active one (compare-and-set); if another
+        write replaced it in between, the decision is taken again on the new fact. So a concurrent write
+        cannot make the caller supersede a fact it may not update.
+
+        Raises `Forbidden` (403) when the caller may not update the fact now active, `Conflict` (409) when
+        the fact changed `attempts` times in a row; then nothing is activated and the caller must take
+        the rows back out of its backend and release them."""
+        ids = [r.row_id for r in rows]
+        for _ in range(attempts):
+            expect = self.check_supersession(ex, rows)
+            try:
+                self.ledger.activate_rows(self.backend, collection, ids, expect=expect or None)
+                return
+            except StaleFact:
+                continue
+        ex.decision = "deny"
+        raise Conflict("the fact kept changing while it was written; retry")
 
     def forgotten(self, ex: Exchange, rows: list[Row]) -> list[Row]:
         """Those of `rows` whose content HMAC is a deleted row's that this writer could read (judged

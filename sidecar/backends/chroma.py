@@ -471,7 +471,19 @@ class ChromaProfile:
             raise
         if "activate" in self.settings.failpoints:
             _crash()
-        self.ledger.activate_rows(BACKEND, rec.collection_id, new_ids)
+        try:
+            self.prov.activate(ex, rec.collection_id, new_rows)
+        except (Forbidden, Conflict):
+            # Another write replaced a fact in the meantime and this caller may not update the new one.
+            # The new rows were never served (still pending): take them back out of Chroma, free their ids.
+            try:
+                if new_ids:
+                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": new_ids})
+            finally:
+                self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
+                if changed:  # updates of existing rows in this request did reach Chroma
+                    self.ledger.update_governance(changed)
+            raise
         if changed:
             self.ledger.update_governance(changed)
         ex.rows_allowed = len(ids)

@@ -6,13 +6,14 @@
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.ledger.base import CollectionRecord, KeyRecord, Ledger, new_key_secret, now_us
+from sidecar.ledger.base import CollectionRecord, KeyRecord, Ledger, StaleFact, new_key_secret, now_us
 from sidecar.ledger.sqlite import SQLiteLedger
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
 
-__all__ = ["CollectionRecord", "KeyRecord", "Ledger", "SQLiteLedger", "new_key_secret", "ledger_from_settings", "now_us", "open_ledger"]
+__all__ = ["CollectionRecord", "KeyRecord", "Ledger", "SQLiteLedger", "StaleFact", "new_key_secret", "ledger_from_settings",
+           "now_us", "open_ledger"]
 
 
 def open_ledger(path: str, **options: Any) -> Ledger:

@@ -12,7 +12,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from sidecar.governance import Principal, Row
 
@@ -42,6 +42,17 @@ def parse_key(plaintext: str) -> tuple[str, str] | None:
     if not key_id or not secret or len(plaintext) > 200:
         return None
     return key_id, secret
+
+
+class StaleFact(Exception):
+    """`Ledger.activate_rows` with `expect`: the active fact a row would supersede is not the one the
+    caller expected (another write replaced it since). Nothing was activated; `row_id` is the row and
+    `current` the (collection, id) of the fact now active, or None."""
+
+    def __init__(self, row_id: str, current: tuple[str, str] | None) -> None:
+        super().__init__(f"the fact row {row_id} would supersede changed (now {current})")
+        self.row_id = row_id
+        self.current = current
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +98,8 @@ class Ledger(Protocol):
     # rows
     def get_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> dict[str, Row]: ...
     def reserve_rows(self, rows: list[Row]) -> list[str]: ...
-    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> list[tuple[str, tuple[str, str]]]: ...
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
+                      expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]: ...
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None: ...
     def update_governance(self, rows: list[Row]) -> None: ...
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,

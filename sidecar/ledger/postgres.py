@@ -26,7 +26,7 @@ import json
 import os
 import re
 import select
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
@@ -34,7 +34,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id
-from sidecar.ledger.base import CollectionRecord, KeyRecord, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, hash_secret, new_key_secret, now_us, parse_key
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
@@ -354,10 +354,11 @@ class PostgresLedger:
             return list(rb.value)
         return []
 
-    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> list[tuple[str, tuple[str, str]]]:
-        """As `SQLiteLedger.activate_rows`. Concurrent activations of one (tenant, subject, predicate)
-        are serialised by a transaction-scoped advisory lock on that key; the partial unique index
-        ``rows_one_active_fact`` is the constraint behind it."""
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
+                      expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:
+        """As `SQLiteLedger.activate_rows` (`expect` included). Concurrent activations of one (tenant,
+        subject, predicate) are serialised by a transaction-scoped advisory lock on that key; the partial
+        unique index ``rows_one_active_fact`` is the constraint behind it."""
         t = now_us()
         replaced: list[tuple[str, tuple[str, str]]] = []
         with self._tx() as db:
@@ -373,6 +374,10 @@ class PostgresLedger:
                     old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = %s AND tenant = %s AND subject = %s "
                                      "AND predicate = %s AND status = 'active' AND single_valued = 1 FOR UPDATE",
                                      (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+                if expect is not None and row_id in expect:
+                    current = (old["collection_id"], old["row_id"]) if old is not None else None
+                    if current != expect[row_id]:
+                        raise StaleFact(row_id, current)
                 if old is not None:
                     db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = %s, superseded_by = %s, "
                                "superseded_at = %s, updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",

@@ -12,12 +12,12 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from contextlib import contextmanager
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id
-from sidecar.ledger.base import CollectionRecord, KeyRecord, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, hash_secret, new_key_secret, now_us, parse_key
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
 # (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
@@ -323,10 +323,15 @@ class SQLiteLedger:
                                (row.backend, row.collection, row.row_id, parent_collection, parent_id))
         return []
 
-    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> list[tuple[str, tuple[str, str]]]:
+    def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
+                      expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:
         """Make reserved rows active. A row with a single-valued triple supersedes the active row for
         (backend, tenant, subject, predicate) in the same transaction; returns (new id, superseded
-        (collection, id)) pairs. The partial unique index ``rows_one_active_fact`` is the constraint."""
+        (collection, id)) pairs. The partial unique index ``rows_one_active_fact`` is the constraint.
+
+        `expect` (compare-and-set): for a row named in it, the (collection, id) of the fact it may
+        supersede, or None for none; when the active fact differs, `StaleFact` is raised and nothing
+        is activated (the caller decides again on the new fact)."""
         t = now_us()
         replaced: list[tuple[str, tuple[str, str]]] = []
         with self._tx() as db:
@@ -340,6 +345,10 @@ class SQLiteLedger:
                     old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND subject = ? "
                                      "AND predicate = ? AND status = 'active' AND single_valued = 1",
                                      (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+                if expect is not None and row_id in expect:
+                    current = (old["collection_id"], old["row_id"]) if old is not None else None
+                    if current != expect[row_id]:
+                        raise StaleFact(row_id, current)
                 if old is not None:
                     db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = ?, superseded_by = ?, "
                                "superseded_at = ?, updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",

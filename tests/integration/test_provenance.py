@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,6 +75,44 @@ def test_concurrent_contradicting_writes_leave_exactly_one_active(stack: Stack, 
         active = http.post(data(world, "get"), json={"where": {"mw_subject": "deploy"}}).json()["ids"]
         everything = http.post(data(world, "get", "?include_superseded=true"), json={"where": {"mw_subject": "deploy"}}).json()["ids"]
     assert len(active) == 1 and sorted(everything) == sorted(f"c{i}" for i in range(50))
+
+
+def test_regression_concurrent_writers_cannot_supersede_each_others_fact(stack: Stack) -> None:
+    """Shrunk by tests/stateful (the memory machine): one ``burst(subject='svc-api', predicate='status')``
+    by writers a1, a1, a2 on a fresh tenant answered 200 to all three, and a2's row superseded a1's, which
+    a2 may not update (the update check ran before the backend write, the supersession at activation).
+
+    Two agents of one fleet write contradicting facts on a fresh (subject, predicate) at once. Whichever
+    is activated first owns the fact; the other may not update it, so it must be refused (403) — as it
+    is when the two writes arrive one after the other — never supersede it."""
+    t = stack.tenant("race")
+    keys = {a: stack.key(t.name, "red", a, 1) for a in ("a1", "a2")}
+    path = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}/add"
+    for n in range(10):
+        subject = f"svc-{n}"
+        barrier = threading.Barrier(2)
+
+        def write(agent: str) -> int:
+            body = {"ids": [f"{subject}-{agent}"], "embeddings": [V[n % 8]], "documents": [f"{subject} by {agent}"],
+                    "metadatas": [{"mw_subject": subject, "mw_predicate": "status", "mw_object": agent}]}
+            with stack.http(keys[agent]) as http:
+                barrier.wait(timeout=30)
+                return http.post(path, json=body).status_code
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            statuses = dict(zip(keys, pool.map(write, keys)))
+        ledger = stack.ledger()
+        try:
+            active = ledger.active_fact("chroma", t.name, subject, "status")
+            known = ledger.get_rows("chroma", t.collection_id, [f"{subject}-{a}" for a in keys])
+        finally:
+            ledger.close()
+        assert sorted(statuses.values()) == [200, 403], f"round {n}: {statuses}"
+        winner, loser = sorted(keys, key=lambda a: statuses[a])
+        assert active is not None and active.row_id == f"{subject}-{winner}", f"round {n}: {statuses}, active {active}"
+        # the refused row is gone from the ledger and from Chroma (it may have been written before the refusal)
+        assert list(known) == [f"{subject}-{winner}"]
+        assert stack.direct(t.name).get_collection(t.collection).get(ids=[f"{subject}-{loser}"])["ids"] == []
 
 
 def test_derived_from_needs_a_readable_parent_and_deletion_cascades(stack: Stack, world: Tenant) -> None:

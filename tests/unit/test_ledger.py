@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from sidecar.governance import Row
-from sidecar.ledger import CollectionRecord, Ledger, SQLiteLedger, open_ledger
+from sidecar.ledger import CollectionRecord, Ledger, SQLiteLedger, StaleFact, open_ledger
 from sidecar.ledger.postgres import PostgresLedger, SchemaOutOfDate
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 
@@ -260,6 +260,25 @@ def test_supersession_keeps_one_active_fact(ledger: Any) -> None:
     assert rows["a"].superseded_at is not None and rows["c"].superseded_by is None
     other = Row("chroma", "c1", "o", "t", "red", "t/red/a", "fleet", "t/red/a", 1, subject="svc", predicate="note", object="x")
     assert _add(ledger, other) == []  # not single-valued: no supersession
+
+
+def test_activation_compares_and_sets_the_fact_it_supersedes(ledger: Any) -> None:
+    """`expect`: a row supersedes only the fact its writer was allowed to update; if another write replaced
+    it since, `StaleFact` names the fact now active and nothing of the call is activated."""
+    _add(ledger, _fact("a", "paused"))
+    assert ledger.reserve_rows([_fact("b", "running"), _fact("c", "stopped"), _fact("d", "up")]) == []
+    ledger.activate_rows("chroma", "c1", ["b"], expect={"b": ("c1", "a")})  # b replaces a, as decided
+    with pytest.raises(StaleFact) as stale:  # c was decided against a, but b is active now
+        ledger.activate_rows("chroma", "c1", ["d", "c"], expect={"d": ("c1", "b"), "c": ("c1", "a")})
+    assert (stale.value.row_id, stale.value.current) == ("c", ("c1", "d"))
+    rows = ledger.get_rows("chroma", "c1", ["a", "b", "c", "d"])
+    assert [rows[i].status for i in "abcd"] == ["superseded", "active", "pending", "pending"]  # d rolled back too
+    with pytest.raises(StaleFact):
+        ledger.activate_rows("chroma", "c1", ["c"], expect={"c": None})
+    # decided again on b: c then d, each over the previous one
+    assert ledger.activate_rows("chroma", "c1", ["c", "d"], expect={"c": ("c1", "b"), "d": ("c1", "c")}) == [
+        ("c", ("c1", "b")), ("d", ("c1", "c"))]
+    assert ledger.active_fact("chroma", "t", "svc", "status").row_id == "d"
 
 
 def test_concurrent_activations_leave_exactly_one_active(opener: Opener) -> None:
