@@ -478,13 +478,23 @@ class Mem0Profile:
     async def op_history(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        self._readable_or_404(ex, mid, *history_view(ex.query))
+        row = self._readable_or_404(ex, mid, *history_view(ex.query))
         result = await self._call("GET", ["memories", mid, "history"])
         if not isinstance(result, list):
             raise UpstreamError("unexpected backend answer")
         # Only this memory's own live entries: a DELETE entry (is_deleted) never leaves the sidecar.
-        entries = [e for e in result if isinstance(e, dict) and e.get("memory_id") == mid
+        entries = [dict(e) for e in result if isinstance(e, dict) and e.get("memory_id") == mid
                    and not e.get("is_deleted") and e.get("event") != "DELETE"]
+        # A past text of this memory that is also a deleted memory's content, which the caller could
+        # read, is redacted (null) — the same rule as the 409 on writes, so it is no oracle to others.
+        texts = sorted({t for e in entries for t in (e.get("old_memory"), e.get("new_memory")) if isinstance(t, str)})
+        as_rows = [dataclasses.replace(row, content_hmac=self.prov.digest(t)) for t in texts]
+        hidden = {r.content_hmac for r in self.prov.forgotten(ex, as_rows)}
+        if hidden:
+            for e in entries:
+                for field in ("old_memory", "new_memory"):
+                    if isinstance(e.get(field), str) and self.prov.digest(e[field]) in hidden:
+                        e[field] = None
         ex.row_ids = [mid]
         return 200, entries
 

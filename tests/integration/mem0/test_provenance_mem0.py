@@ -291,3 +291,21 @@ def test_reconciler_deletes_tombstoned_memories_that_reappear_in_mem0(mem0_stack
     assert issued >= 1
     with mem0_stack.direct() as d:
         assert d.get(f"/memories/{mid}").json() is None  # Mem0 answers 200 null for a missing id
+
+
+def test_history_redacts_a_past_text_that_is_deleted_content(mem0_stack: Mem0Stack, world: World) -> None:
+    user = "u-" + uuid.uuid4().hex[:8]
+    secret = "Alice's SSN is 078-05-1120"
+    with mem0_stack.http(world.keys["w"]) as h:
+        m = added_id(add(h, secret, user, mw_scope="tenant"))  # later edited: its history keeps the text
+        d = added_id(add(h, secret, user, mw_scope="agent"))  # a copy only w can read
+        assert h.put(f"/memories/{m}", json={"text": "Alice's SSN is on file"}).status_code == 200
+        assert h.delete(f"/memories/{d}").status_code == 200
+        assert add(h, secret, user).status_code == 409  # deleted content w could read
+        history = h.get(f"/memories/{m}/history").json()
+    assert secret not in str(history)
+    assert [(e["event"], e["old_memory"], e["new_memory"]) for e in history] == [
+        ("ADD", None, None), ("UPDATE", None, "Alice's SSN is on file")]
+    with mem0_stack.http(world.keys["blue"]) as h:  # never could read d: sees m's history as it was
+        seen = h.get(f"/memories/{m}/history").json()
+    assert [(e["event"], e["new_memory"]) for e in seen] == [("ADD", secret), ("UPDATE", "Alice's SSN is on file")]
