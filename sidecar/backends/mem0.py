@@ -42,7 +42,8 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, UpstreamError
+from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
+                            UpstreamError)
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref
 from sidecar.ledger import Ledger
@@ -311,13 +312,15 @@ class Mem0Profile:
         # The text Mem0 stores with infer=false: each non-system message (infer=true: checked again on its events).
         texts = [m["content"] for m in messages if m.get("role") != "system" and isinstance(m.get("content"), str)]
         ex.action = "write"
-        self.prov.check_parents(ex, [template])
-        self.prov.check_supersession(ex, [template])
-        self.prov.check_forgotten(ex, [dataclasses.replace(template, content_hmac=self.prov.digest(t)) for t in texts])
+        # The write decision comes first: a principal that may not write learns nothing from the
+        # provenance checks (which parent or fact exists, which content was deleted).
         denied = self._decide_all(ex, "write", [template])
         if denied:
             ex.action, ex.decision = "write", "deny"
             raise Forbidden("write is not permitted")
+        self.prov.check_parents(ex, [template])
+        self.prov.check_supersession(ex, [template])
+        self.prov.check_forgotten(ex, [dataclasses.replace(template, content_hmac=self.prov.digest(t)) for t in texts])
         candidates: dict[str, Row] = {}
         if infer:
             candidates = await self._confine_infer(ex, p, cedar_attrs)
@@ -402,14 +405,52 @@ class Mem0Profile:
                                             closure=self.settings.deletion_closure)
         if deleted_in_mem0:
             self.ledger.mark_backend_deleted(BACKEND, self.coll, deleted_in_mem0)
+        withdrawn: MemwardenError | None = None
         if added:
             if self.ledger.reserve_rows(added):
                 raise UpstreamError("backend reused a memory id")
-            self.ledger.activate_rows(BACKEND, self.coll, [r.row_id for r in added])
+            # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now: what was
+            # checked before the Mem0 call is checked again while they are pending — a parent deleted or
+            # content forgotten meanwhile is seen here, and a later delete's closure finds the pending rows —
+            # and a single-valued fact is superseded only if this caller may update the one active now.
+            try:
+                self.prov.check_parents(ex, added)
+                if self.prov.forgotten(ex, added):
+                    raise Conflict("this content was deleted and may not be written again")
+                self.prov.activate(ex, self.coll, added)
+            except (Forbidden, Conflict) as exc:
+                withdrawn = exc
+            live = self.ledger.get_rows(BACKEND, self.coll, [r.row_id for r in added])
+            status = {r.row_id: live[r.row_id].status if r.row_id in live else "missing" for r in added}
+            if withdrawn is None and any(v != "active" for v in status.values()):
+                # tombstoned by a concurrent deletion closure while pending (its deleter removes them from Mem0)
+                withdrawn = Conflict("a memory this write derives from was deleted while it was written")
+            if withdrawn is not None:
+                # Never served (never active): free the reservations and take the memories back out of Mem0.
+                # A memory Mem0 will not delete now is tombstoned instead, for the reconciler.
+                pending = [mid for mid, v in status.items() if v == "pending"]
+                self.ledger.release_rows(BACKEND, self.coll, pending)
+                stuck = []
+                for mid in pending:
+                    try:
+                        await self._call("DELETE", ["memories", mid])
+                    except BackendClientError as exc:
+                        if exc.status != 404:
+                            stuck.append(mid)
+                    except MemwardenError:
+                        stuck.append(mid)
+                if stuck:
+                    closed += self.ledger.tombstone(BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
+                                                    closure=self.settings.deletion_closure)
+                out = [e for e in out if e["id"] not in status]
+                added = []
         if updated:
             self.ledger.update_governance(updated)
         done = set(deleted_in_mem0)
         await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
+        if withdrawn is not None:
+            ex.decision = "deny"
+            raise withdrawn
         ex.row_ids = [r.row_id for r in added]
         ex.rows_allowed = len(out)
         if refused:
