@@ -391,6 +391,15 @@ class ChromaProfile:
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
         split = [self._requested(p, metas[i] if metas else None) for i in range(len(ids))]
         documents = body.get("documents") or [None] * len(ids)
+        if op != "update":
+            # The write decision first, on every id as a new row: a principal that may not write learns
+            # nothing from what follows (which ids exist, which parent, fact or content is known).
+            as_new = [self._new_row(ex, rec, row_id, split[i][1], documents[i]) for i, row_id in enumerate(ids)]
+            decisions = self.authz.decide_rows(ex, "write", as_new)
+            denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
+            if denied:
+                ex.decision, ex.action, ex.row_ids = "deny", "write", denied
+                raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
 
         known = self.ledger.get_rows(BACKEND, rec.collection_id, ids)
         if op == "add" and known:
@@ -437,12 +446,8 @@ class ChromaProfile:
                     final[row_id] = row
             else:
                 row = self._new_row(ex, rec, row_id, requested, documents[i])
-                checks.append(("write", row, None))
                 final[row_id] = row
-        self.prov.check_parents(ex, [final[i] for i in new_ids])
-        self.prov.check_supersession(ex, [final[i] for i in new_ids])
-        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str)])
-        for action in ("write", "update", "redistribute"):
+        for action in ("update", "redistribute"):  # "write" of the new rows was decided above
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
             if not batch:
                 continue
@@ -452,6 +457,7 @@ class ChromaProfile:
             if denied:
                 ex.decision, ex.action, ex.row_ids = "deny", action, denied
                 raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
+        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str) and ids[i] in known])
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)
@@ -465,6 +471,11 @@ class ChromaProfile:
         if conflicts:
             raise Conflict("ids already exist")
         try:
+            # Checked with the new rows pending (their lineage edges recorded): a concurrent delete either
+            # came first and is seen here, or its deletion closure finds them and they never activate.
+            self.prov.check_parents(ex, new_rows)
+            self.prov.check_supersession(ex, new_rows)
+            self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
             await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
         except BaseException:
             self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)

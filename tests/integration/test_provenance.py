@@ -147,6 +147,27 @@ def test_forgotten_content_cannot_return_but_is_no_oracle(stack: Stack, world: T
         assert http.post(data(world, "add"), json={"ids": ["pin3"], "embeddings": [V[5]], "documents": [secret]}).status_code == 200
 
 
+def test_a_principal_that_may_not_write_learns_nothing_from_a_write(stack: Stack, world: Tenant) -> None:
+    with stack.http(world.keys["w"]) as http:
+        body = {"ids": ["hidden-fact"], "embeddings": [V[7]], "documents": ["bob is on leave"],
+                "metadatas": [{"mw_scope": "agent", "mw_subject": "employee:bob", "mw_predicate": "status", "mw_object": "leave"}]}
+        assert http.post(data(world, "add"), json=body).status_code == 200
+    reader = stack.key(world.name, "red", "ro", 0)  # trust 0: may not write
+    answers = set()
+    with stack.http(reader) as http:
+        for row_id, subject, parent in (("x1", "employee:bob", None), ("x2", "employee:carol", None),
+                                        ("hidden-fact", "employee:dave", None), ("x3", "employee:erin", "hidden-fact"),
+                                        ("x4", "employee:erin", "never-existed")):
+            meta = {"mw_subject": subject, "mw_predicate": "status", "mw_object": "x"}
+            if parent:
+                meta["mw_derived_from"] = parent
+            for op in ("add", "upsert"):
+                r = http.post(data(world, op), json={"ids": [row_id], "embeddings": [V[7]], "documents": ["bob is on leave"],
+                                                      "metadatas": [meta]})
+                answers.add((r.status_code, r.text))
+    assert answers == {(403, '{"error":"forbidden","message":"write is not permitted for 1 of 1 rows"}')}
+
+
 def test_limit_zero_returns_no_rows(stack: Stack, world: Tenant) -> None:
     with stack.http(world.keys["w"]) as http:
         assert http.post(data(world, "get"), json={"limit": 0}).json()["ids"] == []

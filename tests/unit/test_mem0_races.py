@@ -95,3 +95,15 @@ def test_without_a_concurrent_change_the_add_goes_through(tmp_path: Path) -> Non
     r = add(client, key, mw_derived_from="p1")
     assert r.status_code == 200 and [e["id"] for e in r.json()["results"]] == ["n1"]
     assert ledger.get_rows("mem0", "default", ["n1"])["n1"].status == "active" and fake.deleted == []
+
+
+def test_a_principal_that_may_not_write_gets_one_answer(tmp_path: Path) -> None:
+    client, ledger, fake = make(tmp_path, lambda led: None)
+    put(ledger, row("f0", "t/red/v", scope="agent", subject="employee:bob", predicate="status", object="leave", single_valued=True))
+    put(ledger, row("p0", "t/red/v", scope="agent"))
+    _, key = ledger.create_key("agent", "t", "red", "ro", 0)  # trust 0: may not write
+    answers = {(r.status_code, r.text) for r in (
+        add(client, key, mw_subject="employee:bob", mw_predicate="status", mw_object="x"),  # an unreadable fact exists
+        add(client, key, mw_subject="employee:carol", mw_predicate="status", mw_object="x"),  # none exists
+        add(client, key, mw_derived_from="p0"), add(client, key, mw_derived_from="never-existed"))}
+    assert answers == {(403, '{"error":"forbidden","message":"write is not permitted"}')} and fake.deleted == []
