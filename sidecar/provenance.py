@@ -294,12 +294,29 @@ class Provenance:
 
     def decorate(self, ex: Exchange, collection: str, rows: list[dict[str, Any]], *, id_key: str, meta_key: str) -> None:
         """Add `links` to each returned row (a dict with its id under `id_key` and its metadata object
-        under `meta_key`, e.g. Chroma ``ids``/``metadatas``, Mem0 ``id``/``metadata``), in place."""
+        under `meta_key`, e.g. Chroma ``ids``/``metadatas``, Mem0 ``id``/``metadata``) and narrow its
+        ``mw_derived_from`` to readable parents, in place."""
         with_meta = [r for r in rows if isinstance(r.get(meta_key), dict)]
         links = self.links(ex, collection, [r[id_key] for r in with_meta])
         for r in with_meta:
             if r[id_key] in links:
                 r[meta_key] = {**r[meta_key], **links[r[id_key]]}
+        # ``mw_derived_from`` names only the parents the caller may read (as lineage does): the ids of
+        # unreadable or deleted parents never leave the sidecar; with none readable the key is dropped.
+        parents = {r[id_key]: [x for x in str(r[meta_key]["mw_derived_from"]).split(",") if x]
+                   for r in with_meta if "mw_derived_from" in r[meta_key]}
+        if parents:
+            wanted = sorted({x for xs in parents.values() for x in xs})
+            visible = self.authz.readable(ex, self.backend, collection, wanted, include_superseded=True)
+            for r in with_meta:
+                if r[id_key] in parents:
+                    meta = dict(r[meta_key])
+                    shown = [x for x in parents[r[id_key]] if x in visible]
+                    if shown:
+                        meta["mw_derived_from"] = ",".join(shown)
+                    else:
+                        del meta["mw_derived_from"]
+                    r[meta_key] = meta
 
     def tombstone(self, ex: Exchange, collection: str, rows: list[Row], closure: str) -> list[tuple[str, str]]:
         """Tombstone `rows` (each already allowed Cedar ``delete``) with their deletion closure, in one

@@ -94,6 +94,18 @@ def test_placeholder_position_does_not_reveal_how_its_id_sorts(stack: Stack, cha
     assert orders == [["kid-S", "b-S", "y-S", "?"]] * 3
 
 
+def test_returned_metadata_names_only_readable_parents(stack: Stack, chain: Tenant) -> None:
+    def derived_from(key: str) -> list[str | None]:
+        with stack.http(key) as http:
+            got = http.post(data(chain, "get"), json={"ids": ["leaf", "mid"]}).json()
+            q = http.post(data(chain, "query"), json={"query_embeddings": [V[3]], "n_results": 2, "include": ["metadatas"]}).json()
+        shown = dict(zip(got["ids"], got["metadatas"]))
+        assert dict(zip(q["ids"][0], q["metadatas"][0]))["leaf"].get("mw_derived_from") == shown["leaf"].get("mw_derived_from")
+        return [shown[i].get("mw_derived_from") for i in ("leaf", "mid")]
+    assert derived_from(chain.keys["w"]) == ["mid,private", "root"]
+    assert derived_from(chain.keys["peer"]) == ["mid", "root"]  # w's agent-scoped parent is not named
+
+
 def test_unreadable_missing_and_foreign_starts_answer_the_same_404(stack: Stack, chain: Tenant) -> None:
     other = stack.tenant("lin-other")
     other_key = stack.key(other.name, "red", "w", 3)

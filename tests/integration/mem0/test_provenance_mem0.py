@@ -309,3 +309,20 @@ def test_history_redacts_a_past_text_that_is_deleted_content(mem0_stack: Mem0Sta
     with mem0_stack.http(world.keys["blue"]) as h:  # never could read d: sees m's history as it was
         seen = h.get(f"/memories/{m}/history").json()
     assert [(e["event"], e["new_memory"]) for e in seen] == [("ADD", secret), ("UPDATE", "Alice's SSN is on file")]
+
+
+def test_returned_metadata_names_only_readable_parents(mem0_stack: Mem0Stack, world: World) -> None:
+    user = "u-" + uuid.uuid4().hex[:8]
+    with mem0_stack.http(world.keys["w"]) as h:
+        open_parent = added_id(add(h, "an open parent", user))
+        private = added_id(add(h, "a private parent", user, mw_scope="agent"))
+        child = added_id(add(h, "the child", user, mw_derived_from=f"{open_parent},{private}"))
+        lone = added_id(add(h, "a child of the private one only", user, mw_derived_from=private))
+        assert h.get(f"/memories/{child}").json()["metadata"]["mw_derived_from"] == f"{open_parent},{private}"
+    with mem0_stack.http(world.keys["peer"]) as h:
+        assert h.get(f"/memories/{child}").json()["metadata"]["mw_derived_from"] == open_parent
+        assert "mw_derived_from" not in h.get(f"/memories/{lone}").json()["metadata"]
+        rows = h.get("/memories", params={"user_id": user}).json()["results"]
+        found = h.post("/search", json={"query": "the child", "filters": {"user_id": user}, "threshold": 0.0}).json()["results"]
+        for listing in (rows, found):
+            assert private not in str(listing)
