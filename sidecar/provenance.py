@@ -84,7 +84,8 @@ def split_metadata(p: Principal, meta: Any, *, not_object: str, reserved: Iterab
     message when `meta` is neither an object nor None.
 
     Requested values come back parsed: ``mw_readers`` as a tuple of agent uids ``t/f/a``,
-    ``mw_derived_from`` as a tuple of parent row ids (order kept, duplicates dropped).
+    ``mw_derived_from`` as a tuple of parent row ids (order kept, duplicates dropped), ``mw_subject`` and
+    ``mw_predicate`` normalised (`normalise`).
     """
     if meta is None:
         return {}, {}
@@ -124,6 +125,13 @@ def split_metadata(p: Principal, meta: Any, *, not_object: str, reserved: Iterab
     triple = [k for k in ("mw_subject", "mw_predicate", "mw_object") if k in requested]
     if triple and len(triple) != 3:
         raise BadRequest("a triple needs mw_subject, mw_predicate and mw_object")
+    if triple:
+        # One fact per (subject, predicate) whatever the spelling: both are stored normalised (NFKC,
+        # case-folded, whitespace collapsed), so "Service:API " and "service:api" are the same subject.
+        for key in ("mw_subject", "mw_predicate"):
+            requested[key] = normalise(requested[key])
+            if not requested[key]:
+                raise BadRequest(f"{key} must not be empty")
     return plain, requested
 
 

@@ -168,6 +168,20 @@ def test_a_principal_that_may_not_write_learns_nothing_from_a_write(stack: Stack
     assert answers == {(403, '{"error":"forbidden","message":"write is not permitted for 1 of 1 rows"}')}
 
 
+def test_subject_and_predicate_spellings_name_one_fact(stack: Stack, world: Tenant) -> None:
+    spellings = [("Service:API", "status"), ("service:api", "Status"), ("service:api ", "status"), ("SERVICE:API", " STATUS ")]
+    with stack.http(world.keys["w"]) as http:
+        for i, (subject, predicate) in enumerate(spellings):
+            body = {"ids": [f"sp{i}"], "embeddings": [V[i]], "documents": [f"spelling {i}"],
+                    "metadatas": [{"mw_subject": subject, "mw_predicate": predicate, "mw_object": f"v{i}"}]}
+            assert http.post(data(world, "add"), json=body).status_code == 200
+        active = http.post(data(world, "get"), json={"where": {"mw_subject": "service:api"}}).json()
+        assert active["ids"] == ["sp3"] and active["metadatas"][0]["mw_predicate"] == "status"
+        assert http.post(data(world, "get"), json={"where": {"mw_subject": "Service:API"}}).json()["ids"] == []
+        empty = {"ids": ["sp-empty"], "embeddings": [V[0]], "metadatas": [{"mw_subject": " ", "mw_predicate": "status", "mw_object": "x"}]}
+        assert http.post(data(world, "add"), json=empty).status_code == 400
+
+
 def test_limit_zero_returns_no_rows(stack: Stack, world: Tenant) -> None:
     with stack.http(world.keys["w"]) as http:
         assert http.post(data(world, "get"), json={"limit": 0}).json()["ids"] == []
