@@ -12,7 +12,7 @@ from typing import Any
 
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
-from sidecar.governance import Row, row_entities
+from sidecar.governance import Row, fleet_entity, row_entities
 from sidecar.ledger import Ledger
 from sidecar.policy import CedarRequest, Decision, PolicyEngine
 
@@ -44,6 +44,16 @@ class Authorizer:
             return []
         owners = self.ledger.agent_entities({r.owner for r in rows})
         entities = row_entities(ex.principal, rows, owners)
+        # Fleets named in a context (redistribute's target_fleet) with their tenant, so that policies
+        # can test ``context.target_fleet in principal.tenant``; fleet ids are tenant-qualified.
+        known = {(e["uid"]["type"], e["uid"]["id"]) for e in entities}
+        for ctx in contexts or []:
+            for value in ctx.values():
+                target = value.get("__entity") if isinstance(value, dict) else None
+                if isinstance(target, dict) and target.get("type") == "Fleet" and ("Fleet", target.get("id")) not in known:
+                    tenant, _, fleet = str(target.get("id")).partition("/")
+                    entities.append(fleet_entity(tenant, fleet))
+                    known.add(("Fleet", str(target.get("id"))))
         requests = [
             CedarRequest(ex.principal.uid, action, r.uid, contexts[i] if contexts else None) for i, r in enumerate(rows)
         ]

@@ -146,6 +146,14 @@ def test_trust_ladder_on_writes(stack: Stack, two: tuple[Tenant, Tenant]) -> Non
     blue = stack.client(a.keys["blue"], a.name).get_collection(a.collection)
     assert "t3-blue" in blue.get()["ids"]
     assert stack.direct(a.name).get_collection(a.collection).get(ids=["t0", "t1-blue", "adm"])["ids"] == []
+    # Re-homing an existing row: trust 3 may move its row to another fleet of its tenant (the target
+    # fleet is judged with its tenant: forbid-redistribute-out-of-tenant), trust 1 may not.
+    assert add(a.keys["boss"], "t3-red", {}) == 200 and add(a.keys["w"], "t1-red", {}) == 200
+    with stack.http(a.keys["boss"]) as http:
+        assert http.post(url.replace("/add", "/update"), json={"ids": ["t3-red"], "metadatas": [{"mw_fleet": "blue"}]}).status_code == 200
+    with stack.http(a.keys["w"]) as http:
+        assert http.post(url.replace("/add", "/update"), json={"ids": ["t1-red"], "metadatas": [{"mw_fleet": "blue"}]}).status_code == 403
+    assert "t3-red" in blue.get()["ids"] and "t1-red" not in blue.get()["ids"]
 
 
 def test_collisions_with_foreign_and_ungoverned_ids(stack: Stack, two: tuple[Tenant, Tenant]) -> None:

@@ -50,7 +50,7 @@ def test_default_policies_prove_everything(tmp_path: Path) -> None:
     assert set(statuses.values()) == {"PROVED"}
     invs = {i for i, _ in statuses}
     assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
-                    "read-only-trust-0", "never-errors", "trust-monotonicity"}
+                    "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant"}
     # every schema action is covered, tenant isolation and never-errors on all nine
     actions = {"read", "write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
     assert {a for i, a in statuses if i == "tenant-isolation"} == actions

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import PolicyLoadError
-from sidecar.governance import Principal, Row, row_entities
+from sidecar.governance import Principal, Row, fleet_entity, row_entities
 from sidecar.policy import CedarRequest, PolicyEngine
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -28,7 +28,12 @@ def row(scope: str, owner: str = "t/red/o", fleet: str = "red", status: str = "a
 
 
 def allowed(engine: PolicyEngine, p: Principal, action: str, r: Row, ctx: dict | None = None) -> bool:
-    return engine.decide([CedarRequest(p.uid, action, r.uid, ctx)], row_entities(p, [r], {}))[0].allowed
+    entities = row_entities(p, [r], {})
+    target = (ctx or {}).get("target_fleet", {}).get("__entity")
+    if target:  # as the Authorizer does: a fleet named in the context comes with its tenant
+        tenant, _, fleet = target["id"].partition("/")
+        entities.append(fleet_entity(tenant, fleet))
+    return engine.decide([CedarRequest(p.uid, action, r.uid, ctx)], entities)[0].allowed
 
 
 @pytest.mark.parametrize("scope,reader,expected", [
@@ -63,6 +68,8 @@ def test_trust_ladder(engine: PolicyEngine) -> None:
     assert allowed(engine, p, "redistribute", row("fleet", owner="t/red/o"), ctx_home)
     assert not allowed(engine, p, "redistribute", row("fleet", owner="t/red/o"), ctx_blue)
     assert allowed(engine, agent("o", "red", 3), "redistribute", row("fleet", owner="t/red/o"), ctx_blue)
+    ctx_other_tenant = {"target_fleet": {"__entity": {"type": "Fleet", "id": "u/red"}}, "target_scope": "fleet"}
+    assert not allowed(engine, agent("o", "red", 3), "redistribute", row("fleet", owner="t/red/o"), ctx_other_tenant)
 
 
 def test_policy_ids_are_the_annotations(engine: PolicyEngine) -> None:
