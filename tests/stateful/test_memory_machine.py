@@ -18,22 +18,22 @@ trust 1), boss (blue, trust 3), r0 (red, trust 0); the tenant admin key; an agen
 ledger's row states; every response status is checked against it. After every step the invariants check,
 for every principal: (1) list, count and search show exactly the readable active rows (and list with
 include_superseded the readable live ones), (2) no deleted row's id or text comes back on get, search,
-count or lineage, and get/lineage of a deleted id find nothing, (3) one active row per single-valued
-fact (none once that row is deleted), the rest reachable with include_superseded, in the API and the
-ledger, (4) lineage is complete — every readable ancestor with its id, writer, status and depth,
+count or lineage, and get/lineage of a deleted id find nothing — nor the id or text of any row the
+principal may not read, (3) one active row per single-valued fact (none once that row is deleted), the
+rest reachable with include_superseded, in the API and the ledger, (4) lineage is complete — every readable ancestor with its id, writer, status and depth,
 unreadable ones as id-less placeholders, (5) the ledger's row states equal the model's.
 
 The machine reaches the backend only through `Backend` (write, delete, list, count, search, get,
 lineage, facts and the ledger); `ChromaBackend` and `Mem0Backend` run the same machine. Every Hypothesis
-example uses a fresh tenant. Budgets (measured on two busy cores): Chroma 25 examples of up to 30 steps,
-about 2 minutes; Mem0 10 x 30, about 2.5-3 minutes. ``MEMWARDEN_STATEFUL_EXAMPLES`` /
-``MEMWARDEN_STATEFUL_STEPS`` override both (and then skip the check that the run exercised every
+example uses a fresh tenant (and starts with a private note and a row derived from it). Budgets, measured
+on two cores: Chroma 25 examples of up to 30 steps, about 1.5 minutes (2-3 with other test runs on the
+machine); Mem0 10 x 30, about 1.5 minutes (2.5-3.5 under load). ``MEMWARDEN_STATEFUL_EXAMPLES`` /
+``MEMWARDEN_STATEFUL_STEPS`` override both (and then skip the check that the run exercised each kind of
 outcome); ``MEMWARDEN_STATEFUL_SEED`` repeats a run (the seed is printed first).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import threading
@@ -48,7 +48,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, get_state_machine_test, initialize, invariant, precondition,
+                                 rule)
 
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES, Stack
@@ -246,8 +247,9 @@ class Seen:
     status: int
     ids: list[str] = field(default_factory=list)
     per_query: list[list[str]] = field(default_factory=list)
-    texts: dict[str, str] = field(default_factory=dict)
-    writers: dict[str, str] = field(default_factory=dict)
+    texts: dict[str, str | None] = field(default_factory=dict)
+    writers: dict[str, str | None] = field(default_factory=dict)
+    metas: dict[str, dict[str, Any]] = field(default_factory=dict)
     value: Any = None
     raw: str = ""
 
@@ -285,13 +287,16 @@ class Backend(Protocol):
     def delete(self, who: str, ids: list[str]) -> tuple[int, int | None]:
         """Delete `ids` as `who`; (status, number of rows the request reports deleted)."""
 
-    def list(self, who: str, include_superseded: bool = False) -> Seen: ...
+    def listing(self, who: str, include_superseded: bool = False) -> Seen: ...
     def count(self, who: str) -> Seen | None:
         """None where the profile has no count route (Mem0)."""
     def get(self, who: str, ids: list[str]) -> Seen: ...
     def search(self, who: str, rows: list[MRow], k: int) -> Seen: ...
     def lineage(self, who: str, row_id: str) -> Seen: ...
-    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool) -> Seen: ...
+    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool, listed: Seen) -> Seen:
+        """The rows of one triple key `who` is served, by the profile's own filter where it has one;
+        `listed` is `who`'s list of the same view, already fetched (to filter where the profile cannot)."""
+
     def ledger_status(self, ids: list[str]) -> dict[str, str]: ...
     def ledger_supersedes(self, ids: list[str]) -> dict[str, str | None]: ...
     def ledger_active_fact(self, subject: str, predicate: str) -> str | None: ...
@@ -377,9 +382,10 @@ class ChromaBackend:
             for i, doc, meta in zip(body["ids"], body.get("documents") or [], body.get("metadatas") or []):
                 seen.texts[i] = doc
                 seen.writers[i] = (meta or {}).get("mw_writer")
+                seen.metas[i] = meta or {}
         return seen
 
-    def list(self, who: str, include_superseded: bool = False) -> Seen:
+    def listing(self, who: str, include_superseded: bool = False) -> Seen:
         q = "?include_superseded=true" if include_superseded else ""
         return self._rows(self.https[who].post(self._path("get") + q, json={}))
 
@@ -404,7 +410,7 @@ class ChromaBackend:
         r = self.https[who].get(f"/_memwarden/memories/{row_id}/lineage", params={"collection": self.collection})
         return Seen(r.status_code, value=r.json(), raw=r.text)
 
-    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool) -> Seen:
+    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool, listed: Seen) -> Seen:
         q = "?include_superseded=true" if include_superseded else ""
         where = {"$and": [{"mw_subject": {"$eq": subject}}, {"mw_predicate": {"$eq": predicate}}]}
         return self._rows(self.https[who].post(self._path("get") + q, json={"where": where}))
@@ -494,9 +500,10 @@ class Mem0Backend:
                 seen.ids.append(m["id"])
                 seen.texts[m["id"]] = m.get("memory")
                 seen.writers[m["id"]] = (m.get("metadata") or {}).get("mw_writer")
+                seen.metas[m["id"]] = m.get("metadata") or {}
         return seen
 
-    def list(self, who: str, include_superseded: bool = False) -> Seen:
+    def listing(self, who: str, include_superseded: bool = False) -> Seen:
         params = {"user_id": self.user, "top_k": "1000", **({"include_superseded": "true"} if include_superseded else {})}
         return self._rows(self.https[who].get("/memories", params=params))
 
@@ -521,10 +528,10 @@ class Mem0Backend:
 
     def search(self, who: str, rows: list[MRow], k: int) -> Seen:
         # Mem0 embeds the query itself: one search per probe text. With threshold 0 and top_k >= every row
-        # each search returns every readable row, so two probes (the newest deleted texts) are enough.
+        # each search returns every readable row, so one probe (the newest deleted text) is enough.
         seen = Seen(200)
         raws = []
-        for row in rows[-2:]:
+        for row in rows[-1:]:
             r = self.https[who].post("/search", json={"query": row.text, "filters": {"user_id": self.user},
                                                       "threshold": 0.0, "top_k": k})
             raws.append(r.text)
@@ -540,13 +547,11 @@ class Mem0Backend:
         r = self.https[who].get(f"/_memwarden/memories/{row_id}/lineage")
         return Seen(r.status_code, value=r.json(), raw=r.text)
 
-    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool) -> Seen:
-        # Mem0 search filters cannot name mw_* keys (400): filter the admin's listing instead.
-        seen = self.list(who, include_superseded)
-        rows = json.loads(seen.raw)["results"] if seen.status == 200 else []
-        keep = [m["id"] for m in rows if (m.get("metadata") or {}).get("mw_subject") == subject
-                and (m.get("metadata") or {}).get("mw_predicate") == predicate]
-        return Seen(seen.status, ids=keep, raw=seen.raw)
+    def facts(self, who: str, subject: str, predicate: str, include_superseded: bool, listed: Seen) -> Seen:
+        # Mem0 filters cannot name mw_* keys (400): filter the listing by its returned metadata instead.
+        keep = [i for i in listed.ids if listed.metas[i].get("mw_subject") == subject
+                and listed.metas[i].get("mw_predicate") == predicate]
+        return Seen(listed.status, ids=keep, raw=listed.raw)
 
     def ledger_status(self, ids: list[str]) -> dict[str, str]:
         return {i: r.status for i, r in self.ledger.get_rows("mem0", self.deployment, ids).items()}
@@ -655,6 +660,14 @@ class MemoryMachine(RuleBasedStateMachine):
         return list(dict.fromkeys(self._pick(data, live, every) for _ in range(n)))
 
     # -- rules ----------------------------------------------------------------------------------
+    @initialize()
+    def seed_world(self) -> None:
+        """Every example starts with a1's private note and a tenant-wide row derived from it, so that
+        short examples also meet redacted lineage and deletion closure."""
+        note = self._new_row("a1", "agent")
+        self._write("write", "a1", note)
+        self._write("derived", "a1", self._new_row("a1", "tenant", parents=(note.id,)))
+
     # Choices lean towards the principals that make a step interesting (a parent's or a fact's owner, a
     # row's owner for a delete) so that successes are as common as refusals; any principal stays possible.
     def _principal(self, data: st.DataObject, *hints: str, writers: bool = True) -> str:
@@ -805,7 +818,7 @@ class MemoryMachine(RuleBasedStateMachine):
         search = self.backend.search(who, probes, k) if probes else None
         lineages = {r.id: self.backend.lineage(who, r.id) for r in rows if r.parents or r.status == "deleted"}
         return View(
-            listing=self.backend.list(who), history=self.backend.list(who, include_superseded=True),
+            listing=self.backend.listing(who), history=self.backend.listing(who, include_superseded=True),
             count=self.backend.count(who), search=search,
             deleted_get=self.backend.get(who, [r.id for r in deleted]) if deleted else None,
             lineages=lineages,
@@ -868,9 +881,25 @@ class MemoryMachine(RuleBasedStateMachine):
                     assert token not in raw, f"{who}: deleted text {token} in {seen.raw[:500]}"
 
     @invariant()
+    def inv2b_no_principal_sees_an_id_or_text_it_may_not_read(self) -> None:
+        """Beyond deletion: lineage shows unreadable ancestors without ids, supersession links and
+        ``mw_derived_from`` name readable rows only (README) — so no response to a principal carries the
+        id or text of a row it may not read, unless the text is also a row's it may read (a copy)."""
+        for who, view in self.views().items():
+            readable = {i for i, r in self.model.rows.items() if r.live and may_read(who, r)}
+            hidden = [r for i, r in self.model.rows.items() if i not in readable]
+            tokens = {r.token for r in hidden} - {self.model.rows[i].token for i in readable}
+            for seen in view.all():
+                raw = seen.raw.casefold()
+                for r in hidden:
+                    assert r.id.casefold() not in raw, f"{who}: id of {r.status} {r.scope} row {r.id} in {seen.raw[:500]}"
+                for token in tokens:
+                    assert token not in raw, f"{who}: text {token} of a row it may not read in {seen.raw[:500]}"
+
+    @invariant()
     def inv3_one_active_row_per_single_valued_fact(self) -> None:
-        facts = {r.fact for r in self.model.rows.values() if r.triple}
-        for subject, predicate in sorted(facts):  # type: ignore[type-var]
+        facts = {r.fact for r in self.model.rows.values() if r.fact is not None}
+        for subject, predicate in sorted(f for f in facts if f is not None):
             mine = [r for r in self.model.rows.values() if r.fact == (subject, predicate)]
             live = {r.id for r in mine if r.live}
             active = {r.id for r in mine if r.status == "active"}
@@ -882,8 +911,9 @@ class MemoryMachine(RuleBasedStateMachine):
                 assert self.backend.ledger_active_fact(subject, predicate) == model_active, (
                     f"ledger active fact for {(subject, predicate)} is {self.backend.ledger_active_fact(subject, predicate)}, "
                     f"model {model_active}")
-            now = self.backend.facts(ADMIN, subject, predicate, include_superseded=False)
-            history = self.backend.facts(ADMIN, subject, predicate, include_superseded=True)
+            admin = self.views()[ADMIN]
+            now = self.backend.facts(ADMIN, subject, predicate, False, admin.listing)
+            history = self.backend.facts(ADMIN, subject, predicate, True, admin.history)
             assert sorted(now.ids) == sorted(active), f"{(subject, predicate)}: active {now.ids}, model {sorted(active)}"
             assert sorted(history.ids) == sorted(live), (
                 f"{(subject, predicate)} with include_superseded: {history.ids}, model {sorted(live)}")
@@ -949,10 +979,18 @@ def machine_settings(examples: int, steps: int) -> settings:
     )
 
 
-# What every full-budget run must have exercised (a degeneracy guard, checked only at the default budget).
-MUST_SEE = ("write:200", "write:403", "derived:200", "derived:403", "copy:200", "copy-of-deleted:409",
-            "triple:200", "triple:403", "triple:supersedes", "burst:refused", "delete:rows", "delete:closure",
-            "lineage:complete", "lineage:redacted")
+# What every full-budget run must have exercised (a degeneracy guard). Only broad outcomes: Hypothesis
+# skews whole runs towards some choices, so a single event (say write:403) can be absent from a healthy run.
+# The full event counts are printed (pytest -s, or with a failure).
+MUST_SEE: dict[str, tuple[str, ...]] = {
+    "a successful write": ("write:200", "derived:200", "copy:200", "triple:200"),
+    "a refused write": ("write:403", "derived:403", "copy:403", "copy-of-deleted:403", "copy-of-deleted:409",
+                        "triple:403"),
+    "a superseded fact": ("triple:supersedes", "burst:2-won", "burst:3-won", "burst:4-won", "burst:5-won",
+                          "burst:6-won"),
+    "a delete": ("delete:rows", "delete:closure"),
+    "a complete lineage": ("lineage:complete",),
+}
 
 
 def run_machine(machine: type[MemoryMachine], examples: int, steps: int) -> None:
@@ -970,7 +1008,7 @@ def run_machine(machine: type[MemoryMachine], examples: int, steps: int) -> None
         raise
     print(f"{machine.__name__}: {sorted(machine.events.items())}")
     if not os.environ.get("MEMWARDEN_STATEFUL_EXAMPLES") and not os.environ.get("MEMWARDEN_STATEFUL_STEPS"):
-        missing = [e for e in MUST_SEE if not machine.events[e]]
+        missing = [what for what, events in MUST_SEE.items() if not any(machine.events[e] for e in events)]
         assert not missing, f"the run never exercised {missing}: {sorted(machine.events.items())}"
 
 
