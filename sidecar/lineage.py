@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
+from sidecar.backends.base import Profile
 from sidecar.errors import BadRequest, NotFound
 from sidecar.exchange import Exchange
 from sidecar.governance import Row
@@ -40,14 +41,6 @@ from sidecar.stages.authorize import Authorizer
 
 MAX_NODES = 1000
 NOT_FOUND = "memory not found"
-
-
-class LineageProfile(Protocol):
-    name: str
-
-    def lineage_collection(self, ex: Exchange) -> str:
-        """The ledger collection id the request names; request-level authorisation; 404 otherwise."""
-        ...
 
 
 def _flag(ex: Exchange, name: str) -> bool:
@@ -70,7 +63,7 @@ def _iso(us: int) -> str:
     return datetime.fromtimestamp(us / 1_000_000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lineage(ex: Exchange, profile: LineageProfile, ledger: Ledger, authz: Authorizer, memory_id: str) -> dict[str, Any]:
+def lineage(ex: Exchange, profile: Profile, ledger: Ledger, authz: Authorizer, memory_id: str) -> dict[str, Any]:
     """The lineage answer for `memory_id` (shape in the module docstring).
 
     Raises `NotFound` (unreadable start), `BadRequest` (bad query parameter) or whatever the
@@ -106,7 +99,7 @@ def lineage(ex: Exchange, profile: LineageProfile, ledger: Ledger, authz: Author
     readable[walk[0][2]] = start
     # Order within a depth: readable nodes by (collection, id), then placeholders by a keyed hash, so
     # the position of a placeholder says nothing about how its hidden id sorts.
-    secret = ledger.content_key()
+    secret = profile.prov.content_key  # read once at start-up
 
     def rank(item: tuple[int, Row | None, tuple[str, str], list[tuple[str, str]]]) -> tuple[int, int, str]:
         depth, _, key, _ = item

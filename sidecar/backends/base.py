@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sidecar.exchange import Exchange
+from sidecar.provenance import Provenance
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ def match_routes(table: list[tuple[str, tuple[str, ...], str]], method: str, seg
 
 class Profile(Protocol):
     name: str
+    prov: Provenance  # the provenance rules (DESIGN.md §4) bound to this backend
 
     def match(self, method: str, segments: list[str]) -> Route | None: ...
 

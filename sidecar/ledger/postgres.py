@@ -39,6 +39,7 @@ from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
     MIGRATION_2_PROVENANCE,
+    _activate,
     _closure_tombstone,
     _row_from_db,
     _row_to_db,
@@ -359,34 +360,11 @@ class PostgresLedger:
         """As `SQLiteLedger.activate_rows` (`expect` included). Concurrent activations of one (tenant,
         subject, predicate) are serialised by a transaction-scoped advisory lock on that key; the partial
         unique index ``rows_one_active_fact`` is the constraint behind it."""
-        t = now_us()
-        replaced: list[tuple[str, tuple[str, str]]] = []
+        def lock(db: Any, key: list[Any]) -> None:
+            db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (json.dumps(key),))
+
         with self._tx() as db:
-            for row_id in row_ids:
-                r = db.execute("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = %s AND "
-                               "collection_id = %s AND row_id = %s AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
-                if r is None:
-                    continue
-                old = None
-                if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
-                    db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                               (json.dumps([backend, r["tenant"], r["subject"], r["predicate"]]),))
-                    old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = %s AND tenant = %s AND subject = %s "
-                                     "AND predicate = %s AND status = 'active' AND single_valued = 1 FOR UPDATE",
-                                     (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
-                if expect is not None and row_id in expect:
-                    current = (old["collection_id"], old["row_id"]) if old is not None else None
-                    if current != expect[row_id]:
-                        raise StaleFact(row_id, current)
-                if old is not None:
-                    db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = %s, superseded_by = %s, "
-                               "superseded_at = %s, updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                               (collection_id, row_id, t, t, backend, old["collection_id"], old["row_id"]))
-                    replaced.append((row_id, (old["collection_id"], old["row_id"])))
-                db.execute("UPDATE rows SET status = 'active', supersedes_collection = %s, supersedes_id = %s, updated_at = %s "
-                           "WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                           (old["collection_id"] if old else None, old["row_id"] if old else None, t, backend, collection_id, row_id))
-        return replaced
+            return _activate(db, "%s", backend, collection_id, row_ids, expect, lock=lock, for_update=" FOR UPDATE")
 
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         """Drop write reservations (status pending) after a failed backend write."""

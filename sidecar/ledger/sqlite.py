@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from contextlib import contextmanager
 
@@ -332,32 +332,8 @@ class SQLiteLedger:
         `expect` (compare-and-set): for a row named in it, the (collection, id) of the fact it may
         supersede, or None for none; when the active fact differs, `StaleFact` is raised and nothing
         is activated (the caller decides again on the new fact)."""
-        t = now_us()
-        replaced: list[tuple[str, tuple[str, str]]] = []
         with self._tx() as db:
-            for row_id in row_ids:
-                r = db.execute("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = ? AND "
-                               "collection_id = ? AND row_id = ? AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
-                if r is None:
-                    continue
-                old = None
-                if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
-                    old = db.execute("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND subject = ? "
-                                     "AND predicate = ? AND status = 'active' AND single_valued = 1",
-                                     (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
-                if expect is not None and row_id in expect:
-                    current = (old["collection_id"], old["row_id"]) if old is not None else None
-                    if current != expect[row_id]:
-                        raise StaleFact(row_id, current)
-                if old is not None:
-                    db.execute("UPDATE rows SET status = 'superseded', superseded_by_collection = ?, superseded_by = ?, "
-                               "superseded_at = ?, updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                               (collection_id, row_id, t, t, backend, old["collection_id"], old["row_id"]))
-                    replaced.append((row_id, (old["collection_id"], old["row_id"])))
-                db.execute("UPDATE rows SET status = 'active', supersedes_collection = ?, supersedes_id = ?, updated_at = ? "
-                           "WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                           (old["collection_id"] if old else None, old["row_id"] if old else None, t, backend, collection_id, row_id))
-        return replaced
+            return _activate(db, "?", backend, collection_id, row_ids, expect, lock=None)
 
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None:
         """Drop write reservations (status pending) after a failed backend write."""
@@ -465,6 +441,44 @@ class SQLiteLedger:
                 "SELECT collection_id, row_id FROM tombstones WHERE backend = ? AND backend_deleted_at IS NULL", (backend,)
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+
+def _activate(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str],
+              expect: Mapping[str, tuple[str, str] | None] | None, lock: Callable[[Any, list[Any]], None] | None,
+              for_update: str = "") -> list[tuple[str, tuple[str, str]]]:
+    """`activate_rows` of the SQLite and PostgreSQL ledgers, inside the caller's transaction (`ph` is the
+    driver's placeholder; `lock(db, key)` serialises activations of one single-valued key where the
+    database needs it; `for_update` is appended to the select of the current fact)."""
+    def q(sql: str, args: tuple[Any, ...]) -> Any:
+        return db.execute(sql.replace("?", ph), args)
+
+    t = now_us()
+    replaced: list[tuple[str, tuple[str, str]]] = []
+    for row_id in row_ids:
+        r = q("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = ? AND "
+              "collection_id = ? AND row_id = ? AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
+        if r is None:
+            continue
+        old = None
+        if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
+            if lock is not None:
+                lock(db, [backend, r["tenant"], r["subject"], r["predicate"]])
+            old = q("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND subject = ? "
+                    "AND predicate = ? AND status = 'active' AND single_valued = 1" + for_update,
+                    (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+        if expect is not None and row_id in expect:
+            current = (old["collection_id"], old["row_id"]) if old is not None else None
+            if current != expect[row_id]:
+                raise StaleFact(row_id, current)
+        if old is not None:
+            q("UPDATE rows SET status = 'superseded', superseded_by_collection = ?, superseded_by = ?, "
+              "superseded_at = ?, updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
+              (collection_id, row_id, t, t, backend, old["collection_id"], old["row_id"]))
+            replaced.append((row_id, (old["collection_id"], old["row_id"])))
+        q("UPDATE rows SET status = 'active', supersedes_collection = ?, supersedes_id = ?, updated_at = ? "
+          "WHERE backend = ? AND collection_id = ? AND row_id = ?",
+          (old["collection_id"] if old else None, old["row_id"] if old else None, t, backend, collection_id, row_id))
+    return replaced
 
 
 def _closure_tombstone(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str], by: str,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -62,7 +63,7 @@ class LineageNode:
     redacted: bool
 
 
-class Target:
+class Target(ABC):
     """Shared HTTP machinery and the interface the experiments use. `name` is "direct" or "sidecar";
     `backend` is "chroma" or "mem0"."""
 
@@ -150,20 +151,24 @@ class Target:
         self._native[name] = native
         self._names[native] = name
 
-    # -- operations (per backend) -------------------------------------------------------------
+    # -- operations (per backend; count, history and lineage only where `supports` names them) --
+    @abstractmethod
     async def add(self, agent: Agent, name: str, text: str, embedding: list[float], scope: str,
                   extra: dict[str, Any] | None = None, claimed_writer: str | None = None,
                   parents: Sequence[str] = ()) -> Result:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def get(self, agent: Agent, name: str) -> Result:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def search(self, agent: Agent, text: str, embedding: list[float], k: int) -> Result:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def listing(self, agent: Agent) -> Result:
-        raise NotImplementedError
+        ...
 
     async def count(self, agent: Agent) -> Result:
         raise NotImplementedError(f"{self.label} has no count")
@@ -171,12 +176,14 @@ class Target:
     async def history(self, agent: Agent, name: str) -> Result:
         raise NotImplementedError(f"{self.label} has no history")
 
+    @abstractmethod
     async def delete(self, agent: Agent, names: list[str]) -> list[Result]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def facts(self, agent: Agent, subject: str, predicate: str) -> Result:
         """The rows stating facts about (subject, predicate), written with `fact`."""
-        raise NotImplementedError
+        ...
 
     def fact(self, subject: str, predicate: str, obj: str) -> dict[str, str]:
         """Metadata stating the fact (subject, predicate, object): the governed triple through the sidecar
@@ -184,17 +191,20 @@ class Target:
         prefix = "mw_" if self.governed else ""
         return {f"{prefix}subject": subject, f"{prefix}predicate": predicate, f"{prefix}object": obj}
 
+    @abstractmethod
     def seen(self, result: Result, name: str, text: str | None = None) -> bool:
         """True when row `name` (or `text`, under any id) is in a get/search/list answer."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def names_in(self, result: Result) -> set[str]:
         """Plan names of the rows in a get/search/list answer."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def metadata(self, result: Result, name: str) -> dict[str, Any] | None:
         """The metadata of row `name` in a get answer, or None."""
-        raise NotImplementedError
+        ...
 
     def history_shows(self, result: Result, name: str, text: str) -> bool:
         """True when a history answer reveals row `name` (an entry for it, or its text)."""
