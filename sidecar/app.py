@@ -63,7 +63,8 @@ class Services:
         self.authz = Authorizer(self.policy, self.ledger)  # type: ignore[arg-type]
         profile_cls = Mem0Profile if settings.backend == "mem0" else ChromaProfile
         self.profile = profile_cls(settings, self.upstream, self.ledger, self.authz)
-        self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz)
+        self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz,
+                                 max_json_depth=settings.max_json_depth, body_timeout_s=settings.body_timeout_s)
         instrument_reconciler(self.profile, self.ledger, self.metrics)
 
 
@@ -118,7 +119,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics)
+    app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics,
+                       max_inflight=settings.max_inflight_requests)
     return app
 
 
@@ -127,10 +129,13 @@ class PipelineMiddleware:
     through the pipeline — before any framework routing, so no path form (newlines, unmatched
     characters, any method) can be answered by anything but the pipeline."""
 
-    def __init__(self, app: ASGIApp, pipeline: Pipeline, metrics: Metrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, pipeline: Pipeline, metrics: Metrics | None = None,
+                 max_inflight: int | None = None) -> None:
         self.app = app
         self.pipeline = pipeline
         self.metrics = metrics
+        self.max_inflight = max_inflight
+        self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # no WebSocket routes: refuse before any framework sees it
@@ -141,17 +146,30 @@ class PipelineMiddleware:
         if scope["type"] != "http" or raw in INTERNAL_ROUTES:
             await self.app(scope, receive, send)
             return
-        status, body, ex = await self.pipeline.run(dict(scope), receive)
+        if self.max_inflight is not None and self.inflight >= self.max_inflight:
+            # Over the in-flight bound: answered at once, before authentication or any backend call.
+            payload = json.dumps({"error": "overloaded", "message": "too many requests in flight; retry"}).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        self.inflight += 1
+        try:
+            status, body, ex = await self.pipeline.run(dict(scope), receive)
+        finally:
+            self.inflight -= 1
         if self.metrics is not None:
             try:
                 self.metrics.observe_exchange(ex, status)
             except Exception:  # metrics never change the answer already decided
                 pass
         payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-            (b"x-request-id", ex.request_id.encode()),
-        ]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                   (b"x-request-id", ex.request_id.encode())]
+        if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
 

@@ -61,8 +61,13 @@ def serve(
             console.print(f"[red]memwarden: metrics listener {settings.metrics_host}:{settings.metrics_port}: {exc}[/red] "
                           "(set MEMWARDEN_METRICS_PORT to a free port, or 0 for none)")
             raise typer.Exit(2) from exc
+    from sidecar.server import ConnectionLimits, guarded_protocol
+
+    limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
+                              max_connections=settings.max_connections)
     try:
-        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False,
+                    http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)))
     finally:
         if stop_metrics is not None:
             stop_metrics()

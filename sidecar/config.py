@@ -41,6 +41,15 @@ class Settings(BaseSettings):
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
     policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="request body limit, bytes (413 above)")
+    max_json_depth: int = Field(default=32, ge=2, le=1000, description="nesting depth of a JSON body at most (400 above)")
+    max_filter_clauses: int = Field(default=256, ge=1, description="operators and conditions in one where/filters at most (400 above)")
+    max_ids: int = Field(default=10_000, ge=1, description="ids named in one request at most (413 above)")
+    # -- connections (sidecar/server.py) ---------------------------------------------------------
+    idle_timeout_s: float = Field(default=5.0, gt=0, description="a connection sending nothing for this long between requests is closed, seconds")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="request line and headers must arrive within this time, seconds (408)")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body must arrive within this time, seconds (408)")
+    max_connections: int = Field(default=512, ge=1, description="open client connections at most; keep below the fd limit (ulimit -n)")
+    max_inflight_requests: int = Field(default=256, ge=1, description="requests processed at once at most; more are answered 503")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",
         description="visibility filter sent to the backend: the reference scope predicate "

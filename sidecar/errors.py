@@ -7,9 +7,11 @@
     ├── Unauthorized               401  missing, unknown, revoked or ambiguous credential
     ├── Forbidden                  403  Cedar said Deny or NoDecision
     ├── NotFound                   404  unmapped route, unknown/foreign collection or row
+    ├── RequestTimeout             408  headers or body not received within their deadline
     ├── Conflict                   409  id already governed (or tombstoned)
-    ├── PayloadTooLarge            413  body over the configured limit
+    ├── PayloadTooLarge            413  body (or number of ids) over the configured limit
     ├── UpstreamError              502  backend down, 5xx, or a body that is not the expected JSON
+    ├── Overloaded                 503  more requests in flight than the sidecar takes at once
     ├── UpstreamTimeout            504  backend did not answer in time
     └── BackendClientError        4xx  the backend's own 4xx, passed through with a sanitised body
     PolicyLoadError                    start-up only: schema/policies missing or invalid
@@ -43,6 +45,10 @@ class NotFound(MemwardenError):
     status, code = 404, "not_found"
 
 
+class RequestTimeout(MemwardenError):
+    status, code = 408, "request_timeout"
+
+
 class Conflict(MemwardenError):
     status, code = 409, "conflict"
 
@@ -53,6 +59,10 @@ class PayloadTooLarge(MemwardenError):
 
 class UpstreamError(MemwardenError):
     status, code = 502, "bad_gateway"
+
+
+class Overloaded(MemwardenError):
+    status, code = 503, "overloaded"
 
 
 class UpstreamTimeout(MemwardenError):

@@ -93,8 +93,10 @@ def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.
 
 
 def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port: int | None = None,
-                  timeout_s: float = 60.0, extra_env: dict[str, str] | None = None) -> Server:
-    """`memwarden serve` (this interpreter) in front of `backend_url`."""
+                  timeout_s: float = 60.0, extra_env: dict[str, str] | None = None,
+                  nofile: int | None = None) -> Server:
+    """`memwarden serve` (this interpreter) in front of `backend_url`; `nofile` caps its open file
+    descriptors (RLIMIT_NOFILE), as a small container would."""
     port = port or free_port()
     log = ledger_path.parent / f"sidecar-{port}.log"
     ledger_path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,9 +105,16 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
            "MEMWARDEN_POLICIES_DIR": str(policies_dir), "MEMWARDEN_METRICS_HOST": "127.0.0.1",
            "MEMWARDEN_METRICS_PORT": str(free_port()), **(extra_env or {})}
     metrics_port = int(env["MEMWARDEN_METRICS_PORT"])
+
+    def limit() -> None:
+        if nofile is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=limit if nofile else None,
     )
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
     return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log, metrics_url), "/_memwarden/healthz", timeout_s)

@@ -9,13 +9,15 @@ not mitmproxy's `safecall`, which continues the flow). Every request yields one 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import structlog
 
 from sidecar import decisionlog, lineage
 from sidecar.backends.base import Profile
-from sidecar.errors import MemwardenError, NotFound, PayloadTooLarge, Unauthorized, to_body
+from sidecar.errors import MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
 from sidecar.stages import canonicalize
@@ -27,11 +29,14 @@ log = structlog.get_logger("memwarden.pipeline")
 class Pipeline:
     """Ordered stages around one backend profile."""
 
-    def __init__(self, profile: Profile, ledger: Ledger, max_body_bytes: int, authz: Authorizer) -> None:
+    def __init__(self, profile: Profile, ledger: Ledger, max_body_bytes: int, authz: Authorizer, *,
+                 max_json_depth: int = 32, body_timeout_s: float = 30.0) -> None:
         self.profile = profile
         self.ledger = ledger
         self.authz = authz
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+        self.body_timeout_s = body_timeout_s
 
     async def run(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, Exchange]:
         """Process one ASGI HTTP request; returns (status, JSON body, exchange)."""
@@ -50,7 +55,9 @@ class Pipeline:
         return status, body, ex
 
     async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
-        # 1. canonicalize (path, query, headers; body read under the limit)
+        # 1. canonicalize (target form, path, query, headers; body read under the size and time limits)
+        started = time.monotonic()
+        canonicalize.check_target(((scope.get("extensions") or {}).get("memwarden") or {}).get("target"))
         ex.segments = canonicalize.canonical_path(scope.get("raw_path") or scope["path"].encode())
         ex.query = canonicalize.canonical_query(scope.get("query_string", b""))
         headers, ex.stripped_headers = canonicalize.canonical_headers(list(scope.get("headers", [])))
@@ -63,9 +70,9 @@ class Pipeline:
         if principal is None:
             raise Unauthorized("unknown or revoked API key")
         ex.principal = principal
-        raw = await self._read_body(receive)
+        raw = await self._read_body(receive, started + self.body_timeout_s)
         ctype = headers.get("content-type", [None])[0]
-        ex.body = canonicalize.parse_json_body(raw, ctype)
+        ex.body = canonicalize.parse_json_body(raw, ctype, self.max_json_depth)
         # 3. route: memwarden's own governed routes, then the profile's; an unmapped route is never forwarded
         if ex.segments[:2] == ["_memwarden", "memories"]:
             if ex.method != "GET" or len(ex.segments) != 4 or ex.segments[3] != "lineage" or not ex.segments[2]:
@@ -77,11 +84,17 @@ class Pipeline:
         # 4-7. authorize, rewrite, forward, filter (profile-specific)
         return await self.profile.handle(ex, route)
 
-    async def _read_body(self, receive: Any) -> bytes:
+    async def _read_body(self, receive: Any, deadline: float) -> bytes:
+        """The whole body, by `deadline` (``time.monotonic()`` seconds; else `RequestTimeout`, 408) and
+        within `max_body_bytes` (else `PayloadTooLarge`, 413)."""
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError as exc:
+                raise RequestTimeout(f"request body not received within {self.body_timeout_s:g} s "
+                                     "(MEMWARDEN_BODY_TIMEOUT_S)") from exc
             if message["type"] == "http.disconnect":
                 raise MemwardenError("client disconnected")
             chunk = message.get("body", b"")

@@ -2,16 +2,21 @@
 
 Rejections (400 unless stated): ``//``, ``.``/``..`` segments, encoded ``/ \\ . %`` (incl. double
 encoding) or ``; ? #`` inside a segment, ``;`` path parameters, control characters and invalid UTF-8
-in the path, query, header names or values, method-override headers/parameters, repeated query
-parameters, ``Content-Length`` with ``Transfer-Encoding`` or conflicting lengths, duplicate JSON
-keys at any depth, non-finite JSON numbers; bodies over the limit → 413. Client identity headers
-are stripped (never used). Sources: RFC 3986 §3.3 and §6.2.2; RFC 9112 §6.3; advisories for Envoy
-(CVE-2019-9901 path normalisation), Istio and OPA path-confusion classes.
+in the path, query, header names or values, a request target that is not origin-form (absolute-form
+``http://host/…``, authority- or asterisk-form) or carries a ``#fragment``, method-override
+headers/parameters, repeated query parameters, ``Content-Length`` with ``Transfer-Encoding`` or
+conflicting lengths; JSON bodies with duplicate keys at any depth, non-finite numbers (``NaN``,
+``Infinity``, ``1e999``), integers outside the signed 64-bit range, lone UTF-16 surrogates in strings
+or keys, or nesting deeper than the limit; bodies over the limit → 413. Client identity headers are
+stripped (never used). Sources: RFC 3986 §3.3 and §6.2.2; RFC 9112 §3.2 and §6.3; RFC 9110 §7.1;
+RFC 8259 §6–8 (numbers, strings); advisories for Envoy (CVE-2019-9901 path normalisation), Istio and
+OPA path-confusion classes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -62,6 +67,19 @@ def canonical_path(raw_path: bytes) -> list[str]:
     return [_decode_segment(s) for s in raw_segments]
 
 
+def check_target(target: bytes | None) -> None:
+    """The raw request target as the client sent it (``scope["extensions"]["memwarden"]["target"]``,
+    set by `sidecar.server`; None when the server does not pass it). Raises `BadRequest` unless it is
+    origin-form (``/path[?query]``) without a fragment: uvicorn would hand the application only the
+    path of ``GET http://other/api/...`` and drop ``#...``, so what is decided would not be what was sent."""
+    if target is None:
+        return
+    if not target.startswith(b"/"):
+        raise BadRequest("request target must be origin-form ('/path?query'); absolute-form and other forms are not accepted")
+    if b"#" in target:
+        raise BadRequest("request target must not contain a fragment ('#')")
+
+
 def canonical_query(query_string: bytes) -> dict[str, str]:
     """Parse a query string into unique scalar parameters. Raises `BadRequest` on repeats or bad bytes."""
     if not query_string:
@@ -70,6 +88,8 @@ def canonical_query(query_string: bytes) -> dict[str, str]:
         text = query_string.decode("ascii")
     except UnicodeDecodeError as exc:
         raise BadRequest("query string must be ASCII") from exc
+    if "#" in text:
+        raise BadRequest("request target must not contain a fragment ('#')")
     out: dict[str, str] = {}
     for part in text.split("&"):
         if not part:
@@ -155,19 +175,88 @@ def _reject_constant(name: str) -> Any:
     raise BadRequest(f"non-finite JSON number {name} is not accepted")
 
 
-def parse_json_body(body: bytes, content_type: str | None) -> Any:
-    """Parse a JSON body strictly (UTF-8, no duplicate keys, no NaN/Infinity). Empty body → None."""
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def _int64(text: str) -> int:
+    if len(text) > 20:
+        raise BadRequest(f"JSON integer {text[:24]}... is outside the signed 64-bit range")
+    value = int(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise BadRequest(f"JSON integer {text} is outside the signed 64-bit range")
+    return value
+
+
+def _check_tree(value: Any, max_depth: int) -> None:
+    """Depth of nested arrays/objects at most `max_depth`; no lone surrogate in any string or key.
+    Iterative, so a deep document cannot exhaust the stack. Raises `BadRequest` naming the limit."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _no_surrogates(item)
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            raise BadRequest("JSON number out of range (not a finite 64-bit float, e.g. 1e999)")
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth > max_depth:
+            raise BadRequest(f"JSON body nests deeper than the limit of {max_depth} levels (MEMWARDEN_MAX_JSON_DEPTH)")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                _no_surrogates(key)
+                stack.append((child, depth + 1))
+        else:
+            stack.extend((child, depth + 1) for child in item)
+
+
+def _no_surrogates(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest("JSON string contains a lone UTF-16 surrogate (not a Unicode scalar value)") from exc
+
+
+def parse_json_body(body: bytes, content_type: str | None, max_depth: int = 32) -> Any:
+    """Parse a JSON body strictly: UTF-8; no duplicate keys; numbers finite 64-bit floats or signed
+    64-bit integers; strings and keys Unicode scalar values (no lone surrogate); nesting at most
+    `max_depth` arrays/objects. Empty body → None. Raises `BadRequest` naming what was refused."""
     if not body:
         return None
     if content_type is not None and "json" not in content_type.lower():
         raise BadRequest("request body must be application/json")
     try:
         text = body.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise BadRequest("JSON body is not valid UTF-8") from exc
+    try:
+        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant,
+                           parse_int=_int64)
     except BadRequest:
         raise
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError as exc:  # deeper than the interpreter's recursion limit
+        raise BadRequest(f"JSON body nests deeper than the limit of {max_depth} levels (MEMWARDEN_MAX_JSON_DEPTH)") from exc
+    except ValueError as exc:
         raise BadRequest("malformed JSON body") from exc
+    _check_tree(value, max_depth)
+    return value
+
+
+def check_filter_size(value: Any, name: str, limit: int) -> None:
+    """At most `limit` conditions and operators (object keys) in a filter such as Chroma's ``where`` or
+    Mem0's ``filters``. Raises `BadRequest` naming the filter and the limit."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            count += len(item)
+            stack.extend(item)
+        if count > limit:
+            raise BadRequest(f"{name} has more than {limit} conditions (MEMWARDEN_MAX_FILTER_CLAUSES)")
 
 
 def check_length(declared: list[str], limit: int) -> None:

@@ -1,0 +1,136 @@
+"""The HTTP server under the sidecar: uvicorn's httptools protocol with the connection bounds uvicorn lacks.
+
+uvicorn (0.2x–0.5x) bounds only the idle time *between* requests of a kept-alive connection
+(``timeout_keep_alive``, armed after a response) and the number of connections+tasks answered 503
+(``limit_concurrency``, which still accepts the connection and counts idle sockets against working
+ones). It has no deadline for a connection that never sends a byte, for the request line and headers,
+or for the body, so slow or half-open clients hold file descriptors for ever. `guarded_protocol`
+returns a subclass of `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` adding, per
+connection (all times in seconds, from `Settings`):
+
+- ``idle_timeout_s``: a new connection, or a kept-alive one between requests, that sends nothing for
+  this long is closed (no response: there is no request to answer);
+- ``header_timeout_s``: from the first byte of a request, the request line and every header must have
+  arrived within this time, else ``408`` and close (slowloris);
+- ``max_connections``: when a new connection would exceed it, the connection that has waited longest
+  *without a request in flight* (idle, or still sending headers) is closed to make room; if every
+  connection has a request in flight the new one is answered ``503`` and closed. So clients that send
+  a request promptly keep being served while slow ones hold sockets;
+- the raw request target: uvicorn hands ASGI only the path of ``httptools.parse_url(target)``, so an
+  absolute-form target (``GET http://host/api/...``, RFC 9112 §3.2.2) or a ``#fragment`` (never sent by
+  a conforming client, RFC 9110 §7.1) would reach the application looking like a plain path. The raw
+  target is passed in ``scope["extensions"]["memwarden"]["target"]`` and the canonicalize stage refuses
+  anything but origin-form without a fragment (400).
+
+The body deadline (``body_timeout_s``, 408) and the in-flight bound (``max_inflight_requests``, 503)
+are kept by `sidecar.app.PipelineMiddleware`, where the ASGI ``receive`` and the request task are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Bounds of one listener. Seconds for the timeouts; counts for the connection bound."""
+
+    idle_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    max_connections: int = 512
+
+
+def _response(status: int, reason: str, message: str) -> bytes:
+    body = ('{"error":"%s","message":"%s"}' % (reason, message)).encode("ascii")
+    return (f"HTTP/1.1 {status} {reason.replace('_', ' ').title()}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii") + body
+
+
+REQUEST_TIMEOUT = _response(408, "request_timeout", "request headers not received in time")
+OVERLOADED = _response(503, "overloaded", "too many connections; retry")
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """An `HttpToolsProtocol` subclass enforcing `limits` (see the module docstring), for
+    ``uvicorn.run(app, http=guarded_protocol(limits))``."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _limits = limits
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._deadline: asyncio.TimerHandle | None = None
+            self._waiting_since = time.monotonic()
+            self._in_flight = False
+
+        # -- timers ------------------------------------------------------------------------------
+        def _arm(self, seconds: float, handler: Any) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, handler)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _close_idle(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _headers_too_slow(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(REQUEST_TIMEOUT)
+                self.transport.close()
+
+        def _evictable(self) -> bool:
+            return not self._in_flight and not self.transport.is_closing()
+
+        # -- connection --------------------------------------------------------------------------
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > self._limits.max_connections:
+                waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
+                           and c._evictable()]
+                if waiting:
+                    oldest = min(waiting, key=lambda c: c._waiting_since)
+                    oldest._disarm()
+                    oldest.transport.close()
+                else:
+                    transport.write(OVERLOADED)
+                    transport.close()
+                    return
+            self._arm(self._limits.idle_timeout_s, self._close_idle)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        # -- parser callbacks --------------------------------------------------------------------
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._waiting_since = time.monotonic()
+            self._arm(self._limits.header_timeout_s, self._headers_too_slow)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._in_flight = True
+            self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}  # type: ignore[typeddict-item]
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._in_flight = False
+            self._waiting_since = time.monotonic()
+            if not self.transport.is_closing() and not self.pipeline:
+                # uvicorn armed its own keep-alive timer; ours replaces it with the same bound
+                self._unset_keepalive_if_required()
+                self._arm(self._limits.idle_timeout_s, self._close_idle)
+
+    return GuardedHttpToolsProtocol
