@@ -164,7 +164,10 @@ class PipelineMiddleware:
                 self.metrics.observe_exchange(ex, status)
             except Exception:  # metrics never change the answer already decided
                 pass
-        payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        except (ValueError, TypeError, RecursionError):  # never a partial body: no rows at all
+            status, payload = 500, b'{"error":"internal","message":"internal error"}'
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                    (b"x-request-id", ex.request_id.encode())]
         if status == 408:  # the rest of the body may still be on its way: do not read it as a next request

@@ -32,6 +32,7 @@ class Exchange:
     policies: set[str] = field(default_factory=set)
     rows_allowed: int = 0
     rows_denied: int = 0
+    rows_malformed: int = 0  # backend rows dropped because their shape cannot be served (see authorize.well_formed_rows)
     row_ids: list[str] = field(default_factory=list)
     stripped_headers: list[str] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

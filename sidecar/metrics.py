@@ -5,7 +5,8 @@ single requests, so an agent that could scrape them would learn about rows it ma
 Series (all prefixed ``memwarden_``; durations in seconds):
 
 - ``requests_total{operation,action,decision,status}`` — one per request, as in the decision log
-- ``rows_total{result}`` — rows returned (``allowed``) and dropped by the filter stage (``filtered``)
+- ``rows_total{result}`` — rows returned (``allowed``) and dropped by the filter stage (``filtered``), and
+  backend rows dropped because their shape cannot be served (``malformed``)
 - ``request_duration_seconds`` — whole pipeline, per request
 - ``cedar_decisions_total{action,decision}`` — every Cedar answer (request- and row-level)
 - ``cedar_batch_duration_seconds`` / ``cedar_batch_size`` — one observation per PDP call
@@ -89,6 +90,8 @@ class Metrics:
             self.rows.labels("allowed").inc(ex.rows_allowed)
         if ex.rows_denied:
             self.rows.labels("filtered").inc(ex.rows_denied)
+        if ex.rows_malformed:
+            self.rows.labels("malformed").inc(ex.rows_malformed)
         self.request_duration.observe(ex.elapsed_us() / 1e6)
 
     def observe_cedar(self, actions: list[str], allowed: list[bool], seconds: float) -> None:

@@ -22,12 +22,13 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, UpstreamError
+from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
 from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
-from sidecar.stages.authorize import Authorizer
+from sidecar.stages.authorize import Authorizer, well_formed_rows
+from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
@@ -126,11 +127,15 @@ def _obj(body: Any) -> dict[str, Any]:
     return body
 
 
-def _ids(value: Any, *, required: bool) -> list[str] | None:
+def _ids(value: Any, *, required: bool, limit: int) -> list[str] | None:
+    """A request's ``ids``: a list of unique non-empty strings, at most `limit` (413 above, nothing
+    forwarded). Raises `BadRequest` otherwise."""
     if value is None:
         if required:
             raise BadRequest("ids are required")
         return None
+    if isinstance(value, list) and len(value) > limit:
+        raise PayloadTooLarge(f"{len(value)} ids is over the limit of {limit} per request (MEMWARDEN_MAX_IDS)")
     if not isinstance(value, list) or not all(isinstance(i, str) and i for i in value):
         raise BadRequest("ids must be a list of non-empty strings")
     if len(set(value)) != len(value):
@@ -379,7 +384,7 @@ class ChromaProfile:
         p = self._p(ex)
         rec = self._require_collection(ex, params, "list")
         body = _obj(ex.body)
-        ids = _ids(body.get("ids"), required=True)
+        ids = _ids(body.get("ids"), required=True, limit=self.settings.max_ids)
         assert ids is not None
         metas = _column(body, "metadatas", len(ids))
         for key in ("embeddings", "documents", "uris"):
@@ -519,6 +524,15 @@ class ChromaProfile:
         readable by the caller (`Provenance.links`)."""
         self.prov.decorate(ex, rec.collection_id, rows, id_key="ids", meta_key="metadatas")
 
+    def _rows(self, ex: Exchange, resp: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        """`_columns_to_rows`, without the rows whose shape cannot be served (`well_formed_rows`)."""
+        return well_formed_rows(ex, BACKEND, _columns_to_rows(resp, n), lambda r: r.get("ids"), self.settings.max_json_depth + 1)
+
+    def _check_filters(self, body: dict[str, Any]) -> None:
+        for name in ("where", "where_document"):
+            if body.get(name) is not None:
+                check_filter_size(body[name], name, self.settings.max_filter_clauses)
+
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):
             raise BadRequest("where must be an object")
@@ -547,7 +561,8 @@ class ChromaProfile:
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
-            batch = _columns_to_rows(resp, len(resp["ids"]))
+            fetched = len(resp["ids"])
+            batch = self._rows(ex, resp, fetched)
             allowed = keep([r["ids"] for r in batch])
             for row in batch:
                 if row["ids"] not in allowed:
@@ -558,7 +573,7 @@ class ChromaProfile:
                 kept.append(row)
                 if limit is not None and len(kept) >= limit:
                     return kept, included
-            if len(batch) < page:
+            if fetched < page:
                 break
             backend_offset += page
         return kept, included
@@ -574,7 +589,8 @@ class ChromaProfile:
     async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "list")
         body = _obj(ex.body)
-        ids = _ids(body.get("ids"), required=False)
+        self._check_filters(body)
+        ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
         include = body.get("include")
         offset = _nonneg_int(body.get("offset"), "offset", 0) or 0
         limit = _nonneg_int(body.get("limit"), "limit", None)
@@ -603,11 +619,12 @@ class ChromaProfile:
     async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "search")
         body = _obj(ex.body)
+        self._check_filters(body)
         embeddings = body.get("query_embeddings")
         if not isinstance(embeddings, list) or not embeddings:
             raise BadRequest("query_embeddings must be a non-empty list")
         k = _nonneg_int(body.get("n_results"), "n_results", 10) or 0
-        ids = _ids(body.get("ids"), required=False)
+        ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
         client_where = body.get("where")
         where = self._where(ex, client_where)
         pending = list(range(len(embeddings)))
@@ -622,17 +639,18 @@ class ChromaProfile:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
             resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req)
-            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending):
+            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending) \
+                    or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
             per_query: list[list[dict[str, Any]]] = []
             for j in range(len(pending)):
                 sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
-                per_query.append(_columns_to_rows(sub, len(resp["ids"][j])))
+                per_query.append(self._rows(ex, sub, len(resp["ids"][j])))
             taken = self._first_readable(ex, rec, per_query, k, keep)
             still: list[int] = []
             for j, i in enumerate(pending):
-                exhausted = len(per_query[j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
+                exhausted = len(resp["ids"][j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
                 if len(taken[j]) >= k or exhausted:
                     final[i] = taken[j]
                 else:
@@ -690,7 +708,8 @@ class ChromaProfile:
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._collection(ex, params)
         body = _obj(ex.body)
-        ids = _ids(body.get("ids"), required=False)
+        self._check_filters(body)
+        ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
         where, where_document = body.get("where"), body.get("where_document")
         bulk = ids is None
         self.authz.require(ex, "delete_bulk" if bulk else "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])

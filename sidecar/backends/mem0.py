@@ -49,7 +49,8 @@ from sidecar.governance import Principal, Row, agent_id, collection_entity, name
 from sidecar.ledger import Ledger
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
-from sidecar.stages.authorize import Authorizer
+from sidecar.stages.authorize import Authorizer, well_formed_rows
+from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "mem0"
@@ -341,7 +342,7 @@ class Mem0Profile:
         governed, live and updatable and deletable by the caller; otherwise the call cannot be confined (4xx)."""
         q = {"agent_id": p.uid[1], **attrs, "top_k": str(LIST_LIMIT), "show_expired": "true"}
         resp = await self._call("GET", ["memories"], params=q)
-        rows = self._results(resp)
+        rows = self._results(ex, resp, strict=True)
         if len(rows) >= LIST_LIMIT:
             raise BadRequest("infer=true cannot be confined: too many memories in scope; send infer=false")
         ids = [r["id"] for r in rows]
@@ -510,7 +511,8 @@ class Mem0Profile:
             raise
         if result is None:  # Mem0 answers 200 null for a missing id
             raise NotFound(NOT_FOUND)
-        if not isinstance(result, dict) or result.get("id") != mid:
+        if not isinstance(result, dict) or result.get("id") != mid or not well_formed_rows(
+                ex, BACKEND, [result], lambda r: r.get("id"), self.settings.max_json_depth + 1):
             raise UpstreamError("unexpected backend answer")
         self._decorate(ex, [result])
         ex.row_ids = [mid]
@@ -539,14 +541,17 @@ class Mem0Profile:
         ex.row_ids = [mid]
         return 200, entries
 
-    @staticmethod
-    def _results(resp: Any) -> list[dict[str, Any]]:
+    def _results(self, ex: Exchange, resp: Any, *, strict: bool = False) -> list[dict[str, Any]]:
+        """The memories of a Mem0 list/search answer. A malformed answer is 502; a malformed memory in
+        it is dropped, counted and logged (`well_formed_rows`) — or, with `strict` (infer confinement,
+        which must see every row Mem0's LLM may change), fails the request (502)."""
         if not isinstance(resp, dict) or not isinstance(resp.get("results"), list):
             raise UpstreamError("unexpected backend answer")
         rows: list[dict[str, Any]] = resp["results"]
-        if not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in rows):
+        good = well_formed_rows(ex, BACKEND, rows, lambda r: r.get("id"), self.settings.max_json_depth + 1)
+        if strict and len(good) != len(rows):
             raise UpstreamError("unexpected backend answer")
-        return rows
+        return good
 
     async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
         """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
@@ -567,7 +572,7 @@ class Mem0Profile:
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for resp in answers:
-            for row in self._results(resp):
+            for row in self._results(ex, resp):
                 if row["id"] not in seen:
                     seen.add(row["id"])
                     rows.append(row)
@@ -594,6 +599,7 @@ class Mem0Profile:
             filters = {}
         if not isinstance(filters, dict):
             raise BadRequest("filters must be an object")
+        check_filter_size(filters, "filters", self.settings.max_filter_clauses)
         f = Filter()
         clauses: list[tuple[str, Any]] = []
         for key, value in filters.items():
@@ -731,7 +737,7 @@ class Mem0Profile:
         fetch = max(k * self.settings.overfetch_factor, 1)
         decided: dict[str, bool] = {}
         while True:
-            rows = self._results(await self._call("POST", ["search"], json_body={**req, "top_k": fetch}))
+            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch}))
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:

@@ -8,13 +8,39 @@ rows are dropped unless the caller asked for them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+import structlog
 
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
 from sidecar.governance import Row, fleet_entity, row_entities
 from sidecar.ledger import Ledger
 from sidecar.policy import CedarRequest, Decision, PolicyEngine
+from sidecar.stages.canonicalize import well_formed
+
+MAX_ROW_DEPTH = 32
+
+
+def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callable[[Any], Any],
+                     max_depth: int = MAX_ROW_DEPTH) -> list[Any]:
+    """The rows of a backend answer that can be served: an object with a non-empty string id (`id_of`),
+    nested at most `max_depth` levels, with finite numbers and no lone surrogates. Every other row is
+    dropped, counted in ``ex.rows_malformed`` (``memwarden_rows_total{result="malformed"}``) and logged
+    by id (never content), so one malformed row never fails a response for the rows it does not concern."""
+    good: list[Any] = []
+    bad: list[str] = []
+    for row in rows:
+        rid = id_of(row) if isinstance(row, dict) else None
+        if isinstance(rid, str) and rid and well_formed(row, max_depth):
+            good.append(row)
+        else:
+            bad.append(rid[:200] if isinstance(rid, str) else f"<{type(rid).__name__}>")
+    if bad:
+        ex.rows_malformed += len(bad)
+        structlog.get_logger("memwarden.filter").warning(
+            "malformed_backend_rows", request_id=ex.request_id, backend=backend, count=len(bad), row_ids=bad[:20])
+    return good
 
 
 class Authorizer:

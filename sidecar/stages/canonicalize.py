@@ -242,6 +242,17 @@ def parse_json_body(body: bytes, content_type: str | None, max_depth: int = 32) 
     return value
 
 
+def well_formed(value: Any, max_depth: int) -> bool:
+    """Whether a backend value passes the rules a request body must pass (`_check_tree`): nesting at
+    most `max_depth`, finite numbers, no lone surrogates. Used on each row a backend returns, so one
+    malformed row is dropped instead of failing a response for the others."""
+    try:
+        _check_tree(value, max_depth)
+    except BadRequest:
+        return False
+    return True
+
+
 def check_filter_size(value: Any, name: str, limit: int) -> None:
     """At most `limit` conditions and operators (object keys) in a filter such as Chroma's ``where`` or
     Mem0's ``filters``. Raises `BadRequest` naming the filter and the limit."""

@@ -62,7 +62,7 @@ class Upstream:
             raise UpstreamError(f"backend answered {response.status_code}")
         try:
             payload = response.json() if response.content else None
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise UpstreamError("backend answered a non-JSON body") from exc
         if 400 <= response.status_code < 500:
             message = "backend rejected the request"

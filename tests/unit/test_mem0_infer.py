@@ -112,13 +112,20 @@ def test_backend_timeout_and_garbage(tmp_path: Path) -> None:
     r = client.post("/search", json={"query": "x"}, headers={"X-API-Key": key})
     assert r.status_code == 504 and "results" not in r.text
 
+    # A malformed answer is 502 with no rows; a malformed row inside a well-formed answer is dropped
+    # (tests/unit/test_malformed_rows.py).
     garbage = SQLiteLedger(tmp_path / "g.db")
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://mem0:9", backend="mem0"),
-                     transport=httpx.MockTransport(lambda req: httpx.Response(200, json={"results": [{"no": "id"}]})),
+                     transport=httpx.MockTransport(lambda req: httpx.Response(200, json={"results": {"no": "id"}})),
                      ledger=garbage)
     _, key = garbage.create_key("agent", "t", "red", "a", 1)
     r = TestClient(app).post("/search", json={"query": "x"}, headers={"X-API-Key": key})
     assert r.status_code == 502 and "results" not in r.text
+    app = create_app(Settings(policies_dir=POLICIES, backend_url="http://mem0:9", backend="mem0"),
+                     transport=httpx.MockTransport(lambda req: httpx.Response(200, json={"results": [{"no": "id"}]})),
+                     ledger=garbage)
+    r = TestClient(app).post("/search", json={"query": "x"}, headers={"X-API-Key": key})
+    assert r.status_code == 200 and r.json() == {"results": []}
 
 
 def test_infer_events_carry_provenance_supersede_and_close_deletions(tmp_path: Path) -> None:
