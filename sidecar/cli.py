@@ -75,20 +75,32 @@ def serve(
 
 @keys.command("create")
 def keys_create(
-    tenant: str = typer.Option(..., help="tenant name"),
+    tenant: Optional[str] = typer.Option(None, help="tenant name (agent and admin keys)"),
     fleet: Optional[str] = typer.Option(None, help="fleet name (agent keys)"),
     agent: Optional[str] = typer.Option(None, help="agent name (agent keys)"),
     trust: int = typer.Option(0, min=0, max=3, help="trust 0-3 (agent keys)"),
     admin: bool = typer.Option(False, "--admin", help="tenant-wide admin key"),
+    operator: bool = typer.Option(False, "--operator", help="deployment-level operator key (no tenant): "
+                                  "configure, reset, any tenant's namespace; never tenant data"),
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """Create a key and print it once (only its salted hash is stored)."""
-    if admin == bool(fleet or agent):
+    if operator:
+        if tenant or fleet or agent or admin:
+            console.print("[red]--operator takes no --tenant, --fleet, --agent or --admin[/red]")
+            raise typer.Exit(2)
+        kind = "operator"
+    elif not tenant:
+        console.print("[red]give --tenant (agent and admin keys) or --operator[/red]")
+        raise typer.Exit(2)
+    elif admin == bool(fleet or agent):
         console.print("[red]give either --admin or both --fleet and --agent[/red]")
         raise typer.Exit(2)
+    else:
+        kind = "admin" if admin else "agent"
     store = ledger_from_settings(_settings(ledger))
     try:
-        record, plaintext = store.create_key("admin" if admin else "agent", tenant, fleet, agent, trust)
+        record, plaintext = store.create_key(kind, tenant, fleet, agent, trust)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -107,7 +119,7 @@ def keys_list(
     store = ledger_from_settings(_settings(ledger))
     table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "revoked")
     for k in store.list_keys(tenant):
-        table.add_row(k.key_id, k.kind, k.tenant, k.fleet or "", k.agent or "", str(k.trust), "yes" if k.revoked_at else "")
+        table.add_row(k.key_id, k.kind, k.tenant or "", k.fleet or "", k.agent or "", str(k.trust), "yes" if k.revoked_at else "")
     store.close()
     console.print(table)
 

@@ -2,7 +2,8 @@
 
 Entity ids are tenant-qualified (see policies/memwarden.cedarschema):
 ``Tenant::"t"``, ``Fleet::"t/f"``, ``Agent::"t/f/a"``, ``TenantAdmin::"t/admin/<key id>"``,
-``Namespace::"t/<database>"``, ``Collection::"<backend>:<uuid>"``, ``Memory::"<backend>:<uuid>:<row id>"``.
+``Namespace::"t/<database>"``, ``Collection::"<backend>:<uuid>"``, ``Memory::"<backend>:<uuid>:<row id>"``,
+``Operator::"<key id>"`` (a deployment-level key, no tenant) and ``Deployment::"chroma"`` / ``Deployment::"mem0:<name>"``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def ref(type_: str, id_: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """The authenticated caller. `kind` is "agent" (tenant, fleet, agent, trust 0-3) or "admin" (tenant-wide)."""
+    """The authenticated caller. `kind` is "agent" (tenant, fleet, agent, trust 0-3), "admin" (tenant-wide)
+    or "operator" (the deployment; `tenant` is "" — no tenant name is empty, so it matches none)."""
 
-    kind: Literal["agent", "admin"]
+    kind: Literal["agent", "admin", "operator"]
     key_id: str
     tenant: str
     fleet: str | None = None
@@ -36,6 +38,8 @@ class Principal:
 
     @property
     def uid(self) -> tuple[str, str]:
+        if self.kind == "operator":
+            return ("Operator", self.key_id)
         if self.kind == "admin":
             return ("TenantAdmin", f"{self.tenant}/admin/{self.key_id}")
         return ("Agent", agent_id(self.tenant, self.fleet or "", self.agent or ""))
@@ -46,6 +50,8 @@ class Principal:
 
     def entities(self) -> list[dict[str, Any]]:
         """The principal and its ancestors (Fleet, Tenant) as Cedar JSON entities."""
+        if self.kind == "operator":
+            return [{"uid": {"type": "Operator", "id": self.key_id}, "attrs": {}, "parents": []}]
         tenant = {"uid": {"type": "Tenant", "id": self.tenant}, "attrs": {}, "parents": []}
         if self.kind == "admin":
             me = {"uid": {"type": "TenantAdmin", "id": self.uid[1]}, "attrs": {"tenant": ref("Tenant", self.tenant)}, "parents": []}
@@ -83,6 +89,11 @@ def fleet_entity(tenant: str, fleet: str) -> dict[str, Any]:
         "attrs": {"tenant": ref("Tenant", tenant)},
         "parents": [{"type": "Tenant", "id": tenant}],
     }
+
+
+def deployment_entity(deployment: str) -> dict[str, Any]:
+    """``Deployment::"<deployment>"`` (``chroma`` or ``mem0:<name>``): the backend as a whole."""
+    return {"uid": {"type": "Deployment", "id": deployment}, "attrs": {}, "parents": []}
 
 
 def namespace_entity(tenant: str, database: str) -> dict[str, Any]:

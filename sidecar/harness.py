@@ -78,15 +78,21 @@ def chroma_executable() -> str:
     return found
 
 
-def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.0) -> Server:
-    """`chroma run --host 127.0.0.1 --port P --path data_dir`."""
+def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.0, allow_reset: bool = False) -> Server:
+    """`chroma run --host 127.0.0.1 --port P --path data_dir`; with `allow_reset`, a config file that
+    enables Chroma's ``/api/v2/reset`` (off by default in Chroma)."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir.parent / f"chroma-{port}.log"
     fh = open(log, "wb")
     env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
+    args = ["--host", "127.0.0.1", "--port", str(port), "--path", str(data_dir)]
+    if allow_reset:
+        config = data_dir.parent / f"chroma-{port}.yaml"
+        config.write_text(f'persist_path: "{data_dir}"\nport: {port}\nlisten_address: "127.0.0.1"\nallow_reset: true\n')
+        args = [str(config)]
     proc = subprocess.Popen(
-        [chroma_executable(), "run", "--host", "127.0.0.1", "--port", str(port), "--path", str(data_dir)],
+        [chroma_executable(), "run", *args],
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     return _wait(Server("chroma", f"http://127.0.0.1:{port}", port, proc, log), "/api/v2/heartbeat", timeout_s)

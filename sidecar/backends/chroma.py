@@ -11,7 +11,11 @@ Governance on top of Chroma:
   every returned row through one batched Cedar ``read``; query over-fetches and refills to
   ``n_results``; get applies ``offset``/``limit`` over readable rows; count counts readable rows.
 - Deletes are per row (Cedar ``delete``), tombstoned durably before Chroma is called.
-- ``/reset``, fork, search, functions and any other route are not forwarded.
+- Deployment-wide routes are decided as deployment actions on ``Deployment::"chroma"`` (operator keys
+  only by the default policies): ``/reset`` (``reset``: every row tombstoned first, then Chroma's reset),
+  and for an operator key tenant and database management of any tenant (``manage_tenants``) and the
+  server's heartbeat/version (``configure``). An operator key has no tenant and no data route.
+- fork, search, functions and any other route are not forwarded.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
+DEPLOYMENT = "chroma"  # Deployment::"chroma": the Chroma server behind this sidecar
 T = ("api", "v2", "tenants", "{tenant}")
 D = T + ("databases", "{database}")
 C = D + ("collections", "{collection}")
@@ -42,7 +47,7 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", ("api", "v2", "healthcheck"), "system"),
     ("GET", ("api", "v2", "pre-flight-checks"), "system"),
     ("GET", ("api", "v2", "auth", "identity"), "identity"),
-    ("POST", ("api", "v2", "reset"), "blocked"),
+    ("POST", ("api", "v2", "reset"), "reset"),
     ("POST", ("api", "v2", "tenants"), "create_tenant"),
     ("GET", T, "get_tenant"),
     ("PATCH", T, "admin_tenant"),
@@ -218,32 +223,53 @@ class ChromaProfile:
         return segs + [database] if database is not None else segs
 
     # -- system, identity, tenants, databases -----------------------------------------------
+    def _namespace_or_deployment(self, ex: Exchange, tenant: str, database: str, action: str) -> None:
+        """A tenant's namespace action, or for an operator key ``manage_tenants`` on the deployment
+        (an operator manages every tenant's namespace and no tenant's data)."""
+        if self._p(ex).kind == "operator":
+            self.authz.require_deployment(ex, "manage_tenants", DEPLOYMENT)
+        else:
+            self._require_namespace(ex, tenant, database, action)
+
     async def op_system(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         p = self._p(ex)
-        self._require_namespace(ex, p.tenant, "*", "list")
+        if p.kind == "operator":
+            self.authz.require_deployment(ex, "configure", DEPLOYMENT)
+        else:
+            self._require_namespace(ex, p.tenant, "*", "list")
         return 200, await self.upstream.call("GET", ex.segments)
 
     async def op_identity(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         # Answered by the sidecar: the backend's identity is the sidecar's, never the caller's.
         p = self._p(ex)
+        if p.kind == "operator":
+            self.authz.require_deployment(ex, "configure", DEPLOYMENT)
+            return 200, {"user_id": p.describe(), "tenant": "default_tenant", "databases": []}
         self._require_namespace(ex, p.tenant, "*", "list")
         return 200, {"user_id": p.uid[1], "tenant": p.tenant, "databases": ["*"]}
 
-    async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        # /reset wipes every tenant: no principal of one tenant may call it through the sidecar.
-        ex.action = "admin"
-        raise Forbidden("this operation is not available through memwarden")
+    async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        """Chroma's reset wipes every tenant: a deployment action (operators only by default). Every
+        governed row is tombstoned and every collection unregistered first (durable), then Chroma's own
+        reset is called; if Chroma refuses (its ``ALLOW_RESET`` is off) the answer is its error and the
+        rows stay tombstoned — never served again — with their backend deletes pending."""
+        self.authz.require_deployment(ex, "reset", DEPLOYMENT)
+        n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
+        ex.rows_allowed = n
+        result = await self.upstream.call("POST", ex.segments)
+        self.ledger.reset_done(BACKEND, None)
+        return 200, result
 
     async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         body = _obj(ex.body)
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise BadRequest("name is required")
-        self._require_namespace(ex, name, "*", "admin")
+        self._namespace_or_deployment(ex, name, "*", "admin")
         return 200, await self.upstream.call("POST", ex.segments, json_body={"name": name})
 
     async def op_get_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require_namespace(ex, params["tenant"], "*", "list")
+        self._namespace_or_deployment(ex, params["tenant"], "*", "list")
         return 200, await self.upstream.call("GET", ex.segments)
 
     async def op_admin_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -255,15 +281,15 @@ class ChromaProfile:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise BadRequest("name is required")
-        self._require_namespace(ex, params["tenant"], name, "admin")
+        self._namespace_or_deployment(ex, params["tenant"], name, "admin")
         return 200, await self.upstream.call("POST", ex.segments, json_body={"name": name})
 
     async def op_list_databases(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require_namespace(ex, params["tenant"], "*", "list")
+        self._namespace_or_deployment(ex, params["tenant"], "*", "list")
         return 200, await self.upstream.call("GET", ex.segments, params=ex.query or None)
 
     async def op_get_database(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require_namespace(ex, params["tenant"], params["database"], "list")
+        self._namespace_or_deployment(ex, params["tenant"], params["database"], "list")
         return 200, await self.upstream.call("GET", ex.segments)
 
     async def op_delete_database(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:

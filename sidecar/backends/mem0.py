@@ -28,8 +28,11 @@ text is remembered as a keyed HMAC, and deleted text the writer could read may n
 deleting a memory tombstones its derived memories and the caller's deletable copies of its text.
 
 Routes: every Mem0 route is mapped; ``/auth/*``, ``/api-keys``, ``/entities``, ``/requests`` are blocked
-(403); anything else is unmapped (404) and never forwarded. Mem0's ``/reset`` (every tenant's data) is
-never forwarded: ``POST /reset`` deletes the caller tenant's rows, per id, and needs ``admin``.
+(403); anything else is unmapped (404) and never forwarded. Deployment-wide routes are deployment actions
+on ``Deployment::"mem0:<deployment>"`` (operator keys only by the default policies): ``GET|POST /configure``
+and ``GET /configure/providers`` for an operator (``configure``), and ``POST /reset`` by an operator
+(``reset``: every memory tombstoned first, then Mem0's own reset). A tenant admin's ``POST /reset``
+deletes only its tenant's memories, per id (``admin``); Mem0's reset is never called for it.
 """
 
 from __future__ import annotations
@@ -179,6 +182,7 @@ class Mem0Profile:
         self.ledger = ledger
         self.authz = authz
         self.coll = settings.mem0_deployment
+        self.deployment = f"{BACKEND}:{settings.mem0_deployment}"  # Deployment::"mem0:<deployment>"
         self._reappearance_cursor: tuple[str, str] = ("", "")
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
 
@@ -817,7 +821,15 @@ class Mem0Profile:
         return 200, {"message": "All relevant memories deleted", "deleted": n}
 
     async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        # Mem0's /reset drops every tenant's memories: never forwarded. A tenant admin resets its tenant.
+        # Mem0's /reset drops every tenant's memories: only an operator's reset (a deployment action) calls
+        # it, after every memory of the deployment is tombstoned. A tenant admin resets its tenant, per id.
+        p = self._p(ex)
+        if p.kind == "operator":
+            self.authz.require_deployment(ex, "reset", self.deployment)
+            ex.rows_allowed = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
+            await self._call("POST", ["reset"])
+            self.ledger.reset_done(BACKEND, self.coll)
+            return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True)
         n = await self._delete_matching(ex, rows)
@@ -825,19 +837,26 @@ class Mem0Profile:
 
     # -- deployment configuration and the rest ------------------------------------------------
     async def op_configure_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require(ex, "admin")
+        # The shared deployment's configuration (vector store, LLM, embedder of every tenant): a deployment action.
+        self.authz.require_deployment(ex, "configure", self.deployment)
         return 200, await self._call("GET", ["configure"])
 
     async def op_configure_set(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require(ex, "admin")
+        self.authz.require_deployment(ex, "configure", self.deployment)
         return 200, await self._call("POST", ["configure"], json_body=_obj(ex.body))
 
     async def op_providers(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require(ex, "list")
+        # The providers Mem0 supports (static, no deployment state): any tenant principal (list) or an operator.
+        if self._p(ex).kind == "operator":
+            self.authz.require_deployment(ex, "configure", self.deployment)
+        else:
+            self._require(ex, "list")
         return 200, await self._call("GET", ["configure", "providers"])
 
     async def op_generate_instructions(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require(ex, "admin")  # spends the deployment's LLM budget
+        # A tenant admin's request (admin): it reads and changes no deployment state and no other tenant's
+        # data — the deployment's LLM turns the caller's use_case into instructions it returns.
+        self._require(ex, "admin")
         body = _obj(ex.body)
         _only(body, ("use_case",))
         return 200, await self._call("POST", ["generate-instructions"], json_body=body)

@@ -55,11 +55,33 @@ class StaleFact(Exception):
         self.current = current
 
 
+def check_key_request(kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> None:
+    """Validate a `Ledger.create_key` request; raises ValueError naming the problem. Agent keys need
+    tenant, fleet and agent; admin keys a tenant; operator keys no tenant (they act on the deployment)."""
+    if kind not in ("agent", "admin", "operator"):
+        raise ValueError("kind must be 'agent', 'admin' or 'operator'")
+    if kind == "operator":
+        if tenant or fleet or agent:
+            raise ValueError("operator keys belong to no tenant, fleet or agent")
+        return
+    if not tenant:
+        raise ValueError("agent and admin keys need a tenant")
+    for name, value in (("tenant", tenant), ("fleet", fleet), ("agent", agent)):
+        if value is not None and (not value or "/" in value or ":" in value or not value.isprintable()):
+            raise ValueError(f"{name} must be a non-empty printable name without '/' or ':'")
+    if kind == "agent" and (not fleet or not agent):
+        raise ValueError("agent keys need fleet and agent")
+    if not 0 <= trust <= 3:
+        raise ValueError("trust must be 0..3")
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
+    """An API key's record. `tenant` is None for an operator key (kind ``operator``)."""
+
     key_id: str
     kind: str
-    tenant: str
+    tenant: str | None
     fleet: str | None
     agent: str | None
     trust: int
@@ -67,6 +89,8 @@ class KeyRecord:
     revoked_at: int | None
 
     def principal(self) -> Principal:
+        if self.kind == "operator":
+            return Principal(kind="operator", key_id=self.key_id, tenant="")
         if self.kind == "admin":
             return Principal(kind="admin", key_id=self.key_id, tenant=self.tenant)
         return Principal(kind="agent", key_id=self.key_id, tenant=self.tenant, fleet=self.fleet, agent=self.agent, trust=self.trust)
@@ -85,7 +109,7 @@ class CollectionRecord:
 
 class Ledger(Protocol):
     # keys and agents
-    def create_key(self, kind: str, tenant: str, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]: ...
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]: ...
     def authenticate(self, plaintext: str) -> Principal | None: ...
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]: ...
     def revoke_key(self, key_id: str) -> bool: ...
@@ -104,6 +128,8 @@ class Ledger(Protocol):
     def update_governance(self, rows: list[Row]) -> None: ...
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
                   closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]: ...
+    def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int: ...
+    def reset_done(self, backend: str, collection_id: str | None) -> None: ...
     # provenance, supersession, closure (schema version 2)
     def content_copies(self, backend: str, tenant: str, digests: list[str], deleted: bool = False) -> list[Row]: ...
     def active_fact(self, backend: str, tenant: str, subject: str, predicate: str) -> Row | None: ...

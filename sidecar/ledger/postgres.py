@@ -34,13 +34,15 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id
-from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
     MIGRATION_2_PROVENANCE,
     _activate,
     _closure_tombstone,
+    _reset,
+    _reset_done,
     _row_from_db,
     _row_to_db,
     _walk_lineage,
@@ -82,6 +84,12 @@ MIGRATIONS: list[str] = [
     """,
     # Version 2: provenance, supersession and content closure (same as SQLite's, BIGINT times).
     MIGRATION_2_PROVENANCE.replace("superseded_at INTEGER", "superseded_at BIGINT").replace("deleted_at INTEGER", "deleted_at BIGINT"),
+    # Version 3: operator keys (kind 'operator', no tenant).
+    """
+    ALTER TABLE api_keys ALTER COLUMN tenant DROP NOT NULL;
+    ALTER TABLE api_keys ADD CONSTRAINT api_keys_kind CHECK (kind IN ('agent', 'admin', 'operator'));
+    ALTER TABLE api_keys ADD CONSTRAINT api_keys_operator_no_tenant CHECK ((kind = 'operator') = (tenant IS NULL));
+    """,
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -189,22 +197,17 @@ class PostgresLedger:
         self._pool.close()
 
     # -- keys and agents --------------------------------------------------------------------
-    def create_key(self, kind: str, tenant: str, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
         """Store a new key (salted hash only) and return its record and the plaintext, shown once.
 
-        For agent keys the agent's record (trust) is created or updated. Raises ValueError on bad input.
+        Kinds: ``agent`` (tenant, fleet, agent, trust), ``admin`` (tenant), ``operator`` (no tenant: the
+        deployment). For agent keys the agent's record (trust) is created or updated. Raises ValueError on
+        bad input (`check_key_request`).
         """
-        if kind not in ("agent", "admin"):
-            raise ValueError("kind must be 'agent' or 'admin'")
-        for name, value in (("tenant", tenant), ("fleet", fleet), ("agent", agent)):
-            if value is not None and (not value or "/" in value or ":" in value or not value.isprintable()):
-                raise ValueError(f"{name} must be a non-empty printable name without '/' or ':'")
-        if kind == "agent" and (not fleet or not agent):
-            raise ValueError("agent keys need fleet and agent")
-        if not 0 <= trust <= 3:
-            raise ValueError("trust must be 0..3")
+        check_key_request(kind, tenant, fleet, agent, trust)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
+        tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
                            agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
         with self._tx() as db:
@@ -214,7 +217,7 @@ class PostgresLedger:
                 (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
             )
             if kind == "agent":
-                assert fleet is not None and agent is not None
+                assert tenant is not None and fleet is not None and agent is not None
                 db.execute(
                     "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (%s,%s,%s,%s,%s) "
                     "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust",
@@ -400,6 +403,15 @@ class PostgresLedger:
         with self._tx() as db:
             return _closure_tombstone(db, "%s", backend, collection_id, list(dict.fromkeys(row_ids)), by, request_id,
                                       closure, now_us(), also or [])
+
+    def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
+        """As `SQLiteLedger.reset`, in one transaction."""
+        with self._tx() as db:
+            return _reset(db, "%s", backend, collection_id, by, request_id, now_us())
+
+    def reset_done(self, backend: str, collection_id: str | None) -> None:
+        with self._tx() as db:
+            _reset_done(db, "%s", backend, collection_id, now_us())
 
     def content_copies(self, backend: str, tenant: str, digests: list[str], deleted: bool = False) -> list[Row]:
         statuses = ["deleted"] if deleted else ["active", "superseded"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id
-from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
 # (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
@@ -44,6 +44,22 @@ MIGRATION_2_PROVENANCE = """
         PRIMARY KEY (tenant, content_hmac)
     );
     CREATE TABLE ledger_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+# Version 3: operator keys (kind 'operator', no tenant). SQLite cannot drop a NOT NULL constraint, so
+# api_keys is rebuilt with the kind/tenant checks.
+MIGRATION_3_OPERATOR_SQLITE = """
+    CREATE TABLE api_keys_v3 (
+        key_id TEXT PRIMARY KEY, salt TEXT NOT NULL, hash TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('agent', 'admin', 'operator')),
+        tenant TEXT, fleet TEXT, agent TEXT, trust INTEGER NOT NULL,
+        created_at INTEGER NOT NULL, revoked_at INTEGER,
+        CHECK ((kind = 'operator') = (tenant IS NULL))
+    );
+    INSERT INTO api_keys_v3 (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, revoked_at)
+        SELECT key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, revoked_at FROM api_keys;
+    DROP TABLE api_keys;
+    ALTER TABLE api_keys_v3 RENAME TO api_keys;
 """
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -80,6 +96,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX tombstones_pending ON tombstones (backend) WHERE backend_deleted_at IS NULL;
     """,
     MIGRATION_2_PROVENANCE,
+    MIGRATION_3_OPERATOR_SQLITE,
 ]
 
 _ROW_COLUMNS = (
@@ -172,22 +189,17 @@ class SQLiteLedger:
             self._db.close()
 
     # -- keys and agents --------------------------------------------------------------------
-    def create_key(self, kind: str, tenant: str, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
         """Store a new key (salted hash only) and return its record and the plaintext, shown once.
 
-        For agent keys the agent's record (trust) is created or updated. Raises ValueError on bad input.
+        Kinds: ``agent`` (tenant, fleet, agent, trust), ``admin`` (tenant), ``operator`` (no tenant: the
+        deployment). For agent keys the agent's record (trust) is created or updated. Raises ValueError on
+        bad input (`check_key_request`).
         """
-        if kind not in ("agent", "admin"):
-            raise ValueError("kind must be 'agent' or 'admin'")
-        for name, value in (("tenant", tenant), ("fleet", fleet), ("agent", agent)):
-            if value is not None and (not value or "/" in value or ":" in value or not value.isprintable()):
-                raise ValueError(f"{name} must be a non-empty printable name without '/' or ':'")
-        if kind == "agent" and (not fleet or not agent):
-            raise ValueError("agent keys need fleet and agent")
-        if not 0 <= trust <= 3:
-            raise ValueError("trust must be 0..3")
+        check_key_request(kind, tenant, fleet, agent, trust)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
+        tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
                            agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
         with self._tx() as db:
@@ -196,7 +208,7 @@ class SQLiteLedger:
                 (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
             )
             if kind == "agent":
-                assert fleet is not None and agent is not None
+                assert tenant is not None and fleet is not None and agent is not None
                 db.execute(
                     "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (?,?,?,?,?) "
                     "ON CONFLICT(agent_uid) DO UPDATE SET trust=excluded.trust",
@@ -374,6 +386,20 @@ class SQLiteLedger:
         with self._tx() as db:
             return _closure_tombstone(db, "?", backend, collection_id, row_ids, by, request_id, closure, t, also or [])
 
+    def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
+        """An operator's reset of the deployment, durable before the backend's own reset is called: every
+        row of `backend` (or of one ledger collection, e.g. a Mem0 deployment) is tombstoned, pending
+        rows included (they never activate), and with `collection_id` None every collection is marked
+        deleted. Content is not remembered as forgotten (a reset is not a tenant deleting memory).
+        Returns the number of rows tombstoned; `reset_done` confirms the backend reset."""
+        with self._tx() as db:
+            return _reset(db, "?", backend, collection_id, by, request_id, now_us())
+
+    def reset_done(self, backend: str, collection_id: str | None) -> None:
+        """The backend's reset succeeded: every tombstone of `backend` (or the collection) is confirmed."""
+        with self._tx() as db:
+            _reset_done(db, "?", backend, collection_id, now_us())
+
     def content_copies(self, backend: str, tenant: str, digests: list[str], deleted: bool = False) -> list[Row]:
         """Rows of `tenant` whose content HMAC is one of `digests`: servable ones (candidates for
         closure), or with `deleted` the tombstoned ones (to judge a re-write of forgotten content)."""
@@ -441,6 +467,30 @@ class SQLiteLedger:
                 "SELECT collection_id, row_id FROM tombstones WHERE backend = ? AND backend_deleted_at IS NULL", (backend,)
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+
+def _reset(db: Any, ph: str, backend: str, collection_id: str | None, by: str, request_id: str, t: int) -> int:
+    """`Ledger.reset` inside the caller's transaction (shared by both ledgers)."""
+    scope, args = ("backend = ? AND collection_id = ?", (backend, collection_id)) if collection_id is not None \
+        else ("backend = ?", (backend,))
+
+    def q(sql: str, params: tuple[Any, ...]) -> Any:
+        return db.execute(sql.replace("?", ph), params)
+
+    if collection_id is None:
+        q(f"UPDATE collections SET deleted_at = ? WHERE {scope} AND deleted_at IS NULL", (t, *args))
+    q("INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) "
+      f"SELECT backend, collection_id, row_id, ?, ?, ? FROM rows WHERE {scope} AND status != 'deleted' "
+      "ON CONFLICT DO NOTHING", (t, by, request_id, *args))
+    cur = q(f"UPDATE rows SET status = 'deleted', updated_at = ? WHERE {scope} AND status != 'deleted'", (t, *args))
+    return int(cur.rowcount)
+
+
+def _reset_done(db: Any, ph: str, backend: str, collection_id: str | None, t: int) -> None:
+    scope, args = ("backend = ? AND collection_id = ?", (backend, collection_id)) if collection_id is not None \
+        else ("backend = ?", (backend,))
+    db.execute(f"UPDATE tombstones SET backend_deleted_at = ? WHERE {scope} AND backend_deleted_at IS NULL".replace("?", ph),
+               (t, *args))
 
 
 def _activate(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str],

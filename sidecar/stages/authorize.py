@@ -14,7 +14,7 @@ import structlog
 
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
-from sidecar.governance import Row, fleet_entity, row_entities
+from sidecar.governance import Row, deployment_entity, fleet_entity, row_entities
 from sidecar.ledger import Ledger
 from sidecar.policy import CedarRequest, Decision, PolicyEngine
 from sidecar.stages.canonicalize import well_formed
@@ -62,6 +62,11 @@ class Authorizer:
             ex.decision = "deny"
             raise Forbidden(f"{action} is not permitted")
         ex.decision = "allow"
+
+    def require_deployment(self, ex: Exchange, action: str, deployment: str) -> None:
+        """Decision on a deployment-wide action (``configure``, ``reset``, ``manage_tenants``) on
+        ``Deployment::"<deployment>"``; the default policies permit these to operators only."""
+        self.require(ex, action, deployment_entity(deployment))
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
         """One batched decision of `action` per row (in order). `contexts` per row, optional."""

@@ -26,6 +26,8 @@ IDS: dict[str, list[str]] = {
     "Namespace": ["t1/db", "t2/db"],
     "Collection": ["chroma:c1", "chroma:c2"],
     "Memory": ["m1", "m2", "m3"],
+    "Operator": ["op1", "op2"],
+    "Deployment": ["chroma", "mem0:default"],
 }
 STRINGS = ["", "agent", "fleet", "tenant", "restricted", "deleted", "active", "t1", "t1/x", "t10/x", "a*b", "ü"]
 LONGS = [0, 1, 2, 3, -1, 9223372036854775807, -9223372036854775807, 4611686018427387904]

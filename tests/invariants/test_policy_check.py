@@ -50,9 +50,12 @@ def test_default_policies_prove_everything(tmp_path: Path) -> None:
     assert set(statuses.values()) == {"PROVED"}
     invs = {i for i, _ in statuses}
     assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
-                    "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant"}
-    # every schema action is covered, tenant isolation and never-errors on all nine
-    actions = {"read", "write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
+                    "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant",
+                    "deployment-operator-only"}
+    # every schema action is covered, tenant isolation and never-errors on all twelve
+    actions = {"read", "write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin",
+               "configure", "reset", "manage_tenants"}
+    assert {a for i, a in statuses if i == "deployment-operator-only"} == {"configure", "reset", "manage_tenants"}
     assert {a for i, a in statuses if i == "tenant-isolation"} == actions
     assert {a for i, a in statuses if i == "never-errors"} == actions
     assert rep["summary"]["tests_passed"] >= 40 and rep["summary"]["tests_failed"] == 0
@@ -68,6 +71,7 @@ BROKEN = [
     ("deleted-one-action", "deletion-closure", "redistribute"),
     ("like-other-tenants", "tenant-isolation", "read"),
     ("in-missing-parents", "inv-scope", "read"),
+    ("tenant-admin-configures", "deployment-operator-only", "configure"),
 ]
 
 
@@ -89,6 +93,15 @@ def test_broken_fixture_is_caught_with_replayed_counterexample(fixture: str, inv
         assert again.errors
     else:
         assert again.allow
+
+
+def test_tenant_admin_on_the_deployment_is_the_counterexample(tmp_path: Path) -> None:
+    _, rep = check_fixture("tenant-admin-configures", tmp_path)
+    bad = {(r["invariant"], r["action"]) for r in rep["results"] if r["status"] != "PROVED"}
+    assert bad == {("deployment-operator-only", "configure")}
+    row = next(r for r in rep["results"] if r["invariant"] == "deployment-operator-only" and r["action"] == "configure")
+    assert row["counterexample"]["request"]["principal"]["type"] == "TenantAdmin"
+    assert row["counterexample"]["request"]["resource"]["type"] == "Deployment"
 
 
 def test_fixture_details(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ import pytest
 
 from sidecar.governance import Row
 from sidecar.ledger import CollectionRecord, Ledger, SQLiteLedger, StaleFact, open_ledger
+from sidecar.ledger.postgres import MIGRATIONS as PG_MIGRATIONS
 from sidecar.ledger.postgres import PostgresLedger, SchemaOutOfDate
+from sidecar.ledger.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 
 Opener = Callable[[], Any]
@@ -98,6 +100,49 @@ def test_reserve_activate_release_tombstone(ledger: Ledger) -> None:
     assert ledger.reserve_rows([_row("a")]) == ["a"]  # a tombstoned id is never reusable
 
 
+def test_operator_keys_have_no_tenant(ledger: Ledger) -> None:
+    rec, key = ledger.create_key("operator", None, None, None, 0)
+    assert rec.kind == "operator" and rec.tenant is None
+    p = ledger.authenticate(key)
+    assert p is not None and p.kind == "operator" and p.uid == ("Operator", rec.key_id) and p.tenant == ""
+    assert p.entities() == [{"uid": {"type": "Operator", "id": rec.key_id}, "attrs": {}, "parents": []}]
+    ledger.create_key("admin", "t", None, None, 0)
+    assert [k.kind for k in ledger.list_keys("t")] == ["admin"]  # a tenant's listing never shows operators
+    assert "operator" in [k.kind for k in ledger.list_keys()]
+    for bad in (("operator", "t", None, None, 0), ("admin", None, None, None, 0), ("agent", "", "f", "a", 1)):
+        with pytest.raises(ValueError):
+            ledger.create_key(*bad)
+    # the database itself refuses an operator row with a tenant, and a tenant key without one
+    for kind, tenant in (("operator", "t"), ("admin", None), ("root", "t")):
+        with pytest.raises((sqlite3.IntegrityError, psycopg.errors.CheckViolation)):
+            if isinstance(ledger, SQLiteLedger):
+                with ledger._tx() as db:
+                    db.execute("INSERT INTO api_keys VALUES ('x', '00', 'h', ?, ?, NULL, NULL, 0, 1, NULL)", (kind, tenant))
+            else:
+                with ledger._tx() as db:  # type: ignore[attr-defined]
+                    db.execute("INSERT INTO api_keys VALUES ('x', '00', 'h', %s, %s, NULL, NULL, 0, 1, NULL)", (kind, tenant))
+    assert ledger.revoke_key(rec.key_id) and ledger.authenticate(key) is None
+
+
+def test_sqlite_migration_3_keeps_existing_keys(tmp_path: Path) -> None:
+    """A version-2 ledger with keys migrates to operator-capable api_keys without losing a key."""
+    db = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for version in range(2):
+        for statement in SQLITE_MIGRATIONS[version].split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute("INSERT INTO schema_version VALUES (?)", (version + 1,))
+    db.close()
+    db = sqlite3.connect(tmp_path / "old.db", isolation_level=None)  # a key as the version-2 code wrote it
+    db.execute("INSERT INTO api_keys VALUES ('k1', '00', 'h', 'admin', 't', NULL, NULL, 0, 1, NULL)")
+    db.close()
+    ledger = SQLiteLedger(tmp_path / "old.db")
+    assert [(k.key_id, k.kind, k.tenant) for k in ledger.list_keys()] == [("k1", "admin", "t")]
+    assert ledger.create_key("operator", None, None, None, 0)[0].tenant is None
+    ledger.close()
+
+
 def test_collections_and_migrations(ledger: Ledger, opener: Opener) -> None:
     ledger.register_collection(CollectionRecord("chroma", "c1", "t", "db", "mem", "x", 1))
     assert ledger.get_collection("chroma", "c1").tenant == "t"  # type: ignore[union-attr]
@@ -109,7 +154,7 @@ def test_collections_and_migrations(ledger: Ledger, opener: Opener) -> None:
     assert ledger.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
     ledger.close()
     again = opener()  # re-open: migrations are idempotent, the data is still there
-    assert again.migrate() == 2 and again.ping()
+    assert again.migrate() == len(SQLITE_MIGRATIONS) == len(PG_MIGRATIONS) and again.ping()
     assert again.get_rows("chroma", "c1", ["a"])["a"].status == "deleted"
 
 
@@ -193,9 +238,10 @@ def test_postgres_versioned_migrations(pg_url: str) -> None:
     assert errors == []
     ledger = PostgresLedger(pg_url, schema=schema, migrate_on_open=False)
     try:
-        assert ledger.schema_version() == 2
+        assert ledger.schema_version() == len(PG_MIGRATIONS)
         with ledger._conn() as db:
-            assert [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+            assert [r["version"] for r in db.execute("SELECT version FROM schema_version ORDER BY version")] == \
+                list(range(1, len(PG_MIGRATIONS) + 1))
     finally:
         ledger.close()
     with pytest.raises(ValueError):
@@ -218,7 +264,7 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
     monkeypatch.setenv("MEMWARDEN_LEDGER_MIGRATE_ON_START", "false")
     runner = CliRunner()
     first = runner.invoke(app, ["ledger", "migrate"])
-    assert first.exit_code == 0 and "version 2" in first.output, first.output
+    assert first.exit_code == 0 and f"version {len(PG_MIGRATIONS)}" in first.output, first.output
     assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 0  # idempotent
     created = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a", "--trust", "1"])
     assert created.exit_code == 0, created.output
@@ -229,7 +275,7 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
     finally:
         ledger.close()
     sqlite_run = runner.invoke(app, ["ledger", "migrate", "--ledger", str(tmp_path / "x.db")])
-    assert sqlite_run.exit_code == 0 and "version 2" in sqlite_run.output
+    assert sqlite_run.exit_code == 0 and f"version {len(SQLITE_MIGRATIONS)}" in sqlite_run.output
     monkeypatch.setenv("MEMWARDEN_LEDGER_URL", "postgresql://postgres@127.0.0.1:1/none")
     monkeypatch.setenv("MEMWARDEN_LEDGER_TIMEOUT_S", "1")
     assert runner.invoke(app, ["ledger", "migrate"]).exit_code == 1
