@@ -76,6 +76,28 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
 STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_source",
            "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
 READER_PREFIX = "mw_r:"
+# Governed keys a client filter may test: their stored value is exactly what a reader of the row is shown.
+# ``mw_derived_from`` is stored with every parent but shown narrowed to the parents the caller may read,
+# so a filter on it would confirm a hidden parent's id; ``mw_supersedes_id``/``mw_superseded_by`` are
+# never stored (added to responses where readable). Filters on those, or on any other ``mw_`` key, are 400.
+FILTERABLE = frozenset(STAMPED) - {"mw_derived_from"}
+
+
+def check_client_where(where: Any, name: str = "where") -> None:
+    """Refuse (400) a client ``where`` that tests a governed key whose stored value is not what the
+    caller may see (`FILTERABLE`), at any depth of ``$and``/``$or``/``$not``/operators."""
+    stack = [where]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if isinstance(key, str) and key.startswith("mw_") and key not in FILTERABLE \
+                        and not key.startswith(READER_PREFIX):
+                    raise BadRequest(f"{name} may not filter on {key}: its stored value names rows you may not read "
+                                     "(use the lineage endpoint for parents)")
+                stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
@@ -558,6 +580,8 @@ class ChromaProfile:
         for name in ("where", "where_document"):
             if body.get(name) is not None:
                 check_filter_size(body[name], name, self.settings.max_filter_clauses)
+        if body.get("where") is not None:
+            check_client_where(body["where"])
 
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):

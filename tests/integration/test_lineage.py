@@ -106,6 +106,26 @@ def test_returned_metadata_names_only_readable_parents(stack: Stack, chain: Tena
     assert derived_from(chain.keys["peer"]) == ["mid", "root"]  # w's agent-scoped parent is not named
 
 
+@pytest.mark.parametrize("where", [
+    {"mw_derived_from": "mid,private"},
+    {"mw_derived_from": {"$in": ["mid,private", "mid,guess"]}},
+    {"$and": [{"mw_scope": "fleet"}, {"$or": [{"mw_derived_from": {"$ne": "mid"}}, {"x": 1}]}]},
+    {"mw_superseded_by": "x"},
+    {"mw_unknown": "x"},
+])
+def test_filters_on_governed_keys_that_name_unreadable_rows_are_refused(stack: Stack, chain: Tenant,
+                                                                      where: dict[str, Any]) -> None:
+    """Before, ``where {"mw_derived_from": "mid,private"}`` returned leaf to peer, confirming that w's
+    private row is one of its parents although metadata and lineage hide it (also by ``$in`` over guesses)."""
+    with stack.http(chain.keys["peer"]) as http:
+        for op, extra in (("get", {}), ("query", {"query_embeddings": [V[3]], "n_results": 2}), ("delete", {})):
+            r = http.post(data(chain, op), json={"where": where, **extra})
+            assert r.status_code == 400 and "may not filter on" in r.json()["message"], (op, r.text)
+        # governed keys whose stored value is what a reader sees stay filterable
+        ok = http.post(data(chain, "get"), json={"where": {"mw_owner": f"{chain.name}/red/w"}, "include": []})
+        assert ok.status_code == 200 and "leaf" in ok.json()["ids"]
+
+
 def test_unreadable_missing_and_foreign_starts_answer_the_same_404(stack: Stack, chain: Tenant) -> None:
     other = stack.tenant("lin-other")
     other_key = stack.key(other.name, "red", "w", 3)
