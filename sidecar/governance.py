@@ -145,6 +145,9 @@ class Row:
     superseded_by: tuple[str, str] | None = None
     superseded_at: int | None = None
     content_hmac: str | None = None
+    # The same text's HMAC under the normalisation of schema versions before 3 (never stored): deleted
+    # content recorded before the upgrade still matches (`Provenance.forgotten`).
+    content_legacy: str | None = None
 
     @property
     def uid(self) -> tuple[str, str]:

@@ -2,8 +2,10 @@
 
 Pure helpers:
 
-- `content_digest`: keyed HMAC-SHA256 over normalised text (Unicode NFKC, case-folded, whitespace
-  collapsed), so a deleted memory's content cannot be re-written under another id without the text.
+- `content_digest`: keyed HMAC-SHA256 over normalised content (`normalise_content`: Unicode NFKC,
+  case-folded, format characters such as zero-width spaces removed, whitespace collapsed, punctuation
+  and symbols at the edges stripped), so a deleted memory's content cannot be re-written under another
+  id, spelt differently, without the text.
 - `load_single_valued`: the predicates declared single-valued in ``policies/single_valued.txt``
   (one predicate per line, ``#`` comments). A triple with such a predicate supersedes the active row
   for the same (tenant, subject, predicate).
@@ -49,11 +51,38 @@ FIXED_ONCE_WRITTEN = "provenance and triples are fixed once written; write a new
 
 
 def normalise(text: str) -> str:
+    """NFKC, case-folded, whitespace collapsed and trimmed: the spelling of a triple's subject and predicate."""
     return _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
+def _edge(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch)[0] in "PS"
+
+
+def normalise_content(text: str) -> str:
+    """The form in which memory content is compared (deletion closure, the forgotten-content rule):
+    Unicode NFKC, case-folded, format characters (category Cf: zero-width space/joiners, BOM, soft
+    hyphen, bidi controls) removed, whitespace runs collapsed to one space, and punctuation, symbols
+    and whitespace at both ends stripped. ``"The key is 42."``, ``" the KEY is\u200b 42 "`` and
+    ``"¡The key is 42!"`` compare equal; ``"The key is 43"`` and ``"the key, is 42"`` do not."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
+    collapsed = _WS.sub(" ", visible)
+    start, end = 0, len(collapsed)
+    while start < end and _edge(collapsed[start]):
+        start += 1
+    while end > start and _edge(collapsed[end - 1]):
+        end -= 1
+    return collapsed[start:end]
+
+
 def content_digest(key: bytes, text: str) -> str:
-    """Hex HMAC-SHA256 of the normalised text under the ledger's content key."""
+    """Hex HMAC-SHA256 of `normalise_content(text)` under the ledger's content key."""
+    return hmac.new(key, normalise_content(text).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def legacy_content_digest(key: bytes, text: str) -> str:
+    """The digest ledgers before this normalisation stored (NFKC, case, whitespace only)."""
     return hmac.new(key, normalise(text).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
@@ -176,6 +205,12 @@ class Provenance:
     def digest(self, text: str) -> str:
         return content_digest(self.content_key, text)
 
+    def set_content(self, row: Row, text: str) -> Row:
+        """Record `text` as `row`'s content (its HMAC, and the legacy one for matching older deletions); returns `row`."""
+        row.content_hmac = self.digest(text)
+        row.content_legacy = legacy_content_digest(self.content_key, text)
+        return row
+
     def new_row(self, ex: Exchange, collection: str, row_id: str, requested: dict[str, Any], text: Any,
                 extra: dict[str, Any] | None = None) -> Row:
         """A new row owned and written by the caller: governance from `requested` (default scope
@@ -194,6 +229,7 @@ class Provenance:
             subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),
             single_valued=predicate in self.single_valued,
             content_hmac=self.digest(text) if isinstance(text, str) else None,
+            content_legacy=legacy_content_digest(self.content_key, text) if isinstance(text, str) else None,
             extra=extra or {},
         )
 
@@ -259,20 +295,25 @@ class Provenance:
         raise Conflict("the fact kept changing while it was written; retry")
 
     def forgotten(self, ex: Exchange, rows: list[Row]) -> list[Row]:
-        """Those of `rows` whose content HMAC is a deleted row's that this writer could read (judged
-        as that row was, active) and that policy does not let it `reassert`. Deleted content the
-        writer could never read is not an oracle: it is never flagged."""
+        """Those of `rows` whose content is a deleted row's (compared as `normalise_content`) that this
+        writer could read (judged as that row was, active) AND that is of the writer's own lineage — it
+        owned the deleted row, or is of that row's fleet (a tenant admin: every row of its tenant) — and
+        that policy does not let it `reassert`. Deleted content the writer could never read is not an
+        oracle (never flagged), and content deleted in another fleet does not bind this one: the rule
+        stops a memory coming back where it was, not a text from being written by anyone."""
         assert ex.principal is not None
-        digests = [r.content_hmac for r in rows if r.content_hmac]
+        p = ex.principal
+        digests = [d for r in rows for d in (r.content_hmac, r.content_legacy) if d]
         if not digests:
             return []
-        gone = self.ledger.content_copies(self.backend, ex.principal.tenant, digests, deleted=True)
+        gone = [g for g in self.ledger.content_copies(self.backend, p.tenant, digests, deleted=True)
+                if p.kind == "admin" or g.owner == p.uid[1] or (p.kind == "agent" and g.fleet == p.fleet)]
         if not gone:
             return []
         as_was = [dataclasses.replace(g, status="active") for g in gone]
         known = self.authz.decide_rows(ex, "read", as_was)
         hits = {g.content_hmac for g, d in zip(gone, known) if d.allowed}
-        flagged = [r for r in rows if r.content_hmac in hits]
+        flagged = [r for r in rows if r.content_hmac in hits or (r.content_legacy is not None and r.content_legacy in hits)]
         decisions = self.authz.decide_rows(ex, "reassert", flagged)
         return [r for r, d in zip(flagged, decisions) if not d.allowed]
 
@@ -334,7 +375,7 @@ class Provenance:
         assert ex.principal is not None
         p = ex.principal
         ids = [r.row_id for r in rows]
-        digests = [r.content_hmac for r in rows if r.content_hmac]
+        digests = [d for r in rows for d in (r.content_hmac, r.content_legacy) if d]
         mine = {(collection, i) for i in ids}
         copies = [c for c in self.ledger.content_copies(self.backend, p.tenant, digests)
                   if (c.collection, c.row_id) not in mine] if digests else []

@@ -492,7 +492,7 @@ class ChromaProfile:
                     if moved is not None:
                         checks.append(("redistribute", row, moved[1]))
                     if new_text:
-                        updated.content_hmac = self.prov.digest(documents[i])
+                        self.prov.set_content(updated, documents[i])
                     final[row_id] = updated
                     changed.append(updated)
                 else:

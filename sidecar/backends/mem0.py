@@ -325,7 +325,7 @@ class Mem0Profile:
             raise Forbidden("write is not permitted")
         self.prov.check_parents(ex, [template])
         self.prov.check_supersession(ex, [template])
-        self.prov.check_forgotten(ex, [dataclasses.replace(template, content_hmac=self.prov.digest(t)) for t in texts])
+        self.prov.check_forgotten(ex, [self.prov.set_content(dataclasses.replace(template), t) for t in texts])
         candidates: dict[str, Row] = {}
         if infer:
             candidates = await self._confine_infer(ex, p, cedar_attrs)
@@ -359,6 +359,13 @@ class Mem0Profile:
             raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
         return known
 
+    def _with_text(self, row: Row, text: Any) -> Row:
+        """`row` with `text` (an event's memory) as its content; no content when Mem0 sent no text."""
+        if isinstance(text, str):
+            return self.prov.set_content(row, text)
+        row.content_hmac = row.content_legacy = None
+        return row
+
     async def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
                              candidates: dict[str, Row], infer: bool) -> dict[str, Any]:
         """Ledger updates for Mem0's add events: ADD → new row (the template's governance and provenance,
@@ -378,9 +385,8 @@ class Mem0Profile:
             kind = event.get("event")
             mid = event["id"]
             text = event.get("memory")
-            digest = self.prov.digest(text) if isinstance(text, str) else None
             if kind == "ADD":
-                added.append(dataclasses.replace(template, row_id=mid, content_hmac=digest))
+                added.append(self._with_text(dataclasses.replace(template, row_id=mid), text))
                 out.append(event)
             elif kind == "DELETE":
                 deleted_in_mem0.append(mid)
@@ -389,7 +395,7 @@ class Mem0Profile:
                 else:
                     tomb.append(mid)
             elif kind == "UPDATE" and mid in candidates:
-                updated.append(dataclasses.replace(candidates[mid], content_hmac=digest))
+                updated.append(self._with_text(dataclasses.replace(candidates[mid]), text))
                 out.append(event)
             elif kind == "NONE" and mid in candidates:
                 continue
@@ -479,7 +485,7 @@ class Mem0Profile:
         new = self._with_governance(row, requested)
         text = body.get("text")
         if isinstance(text, str):
-            new.content_hmac = self.prov.digest(text)
+            self.prov.set_content(new, text)
             self.prov.check_forgotten(ex, [new])
         if self._decide_all(ex, "update", [row]):
             ex.action, ex.decision = "update", "deny"
@@ -535,12 +541,13 @@ class Mem0Profile:
         # A past text of this memory that is also a deleted memory's content, which the caller could
         # read, is redacted (null) — the same rule as the 409 on writes, so it is no oracle to others.
         texts = sorted({t for e in entries for t in (e.get("old_memory"), e.get("new_memory")) if isinstance(t, str)})
-        as_rows = [dataclasses.replace(row, content_hmac=self.prov.digest(t)) for t in texts]
-        hidden = {r.content_hmac for r in self.prov.forgotten(ex, as_rows)}
+        as_rows = [self.prov.set_content(dataclasses.replace(row), t) for t in texts]
+        flagged = {id(r) for r in self.prov.forgotten(ex, as_rows)}
+        hidden = {t for t, r in zip(texts, as_rows) if id(r) in flagged}
         if hidden:
             for e in entries:
                 for field in ("old_memory", "new_memory"):
-                    if isinstance(e.get(field), str) and self.prov.digest(e[field]) in hidden:
+                    if isinstance(e.get(field), str) and e[field] in hidden:
                         e[field] = None
         ex.row_ids = [mid]
         return 200, entries

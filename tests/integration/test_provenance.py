@@ -147,6 +147,28 @@ def test_forgotten_content_cannot_return_but_is_no_oracle(stack: Stack, world: T
         assert http.post(data(world, "add"), json={"ids": ["pin3"], "embeddings": [V[5]], "documents": [secret]}).status_code == 200
 
 
+def test_forgotten_content_binds_its_lineage_only_and_every_spelling(stack: Stack, world: Tenant) -> None:
+    """Before, w could ban a text for the whole tenant (write it tenant-wide, delete it: everyone who
+    could read it got 409), and a zero-width space or a trailing full stop got past the ban."""
+    text = "the quarterly target is 12 percent"
+    with stack.http(world.keys["w"]) as http:
+        body = {"ids": ["qt"], "embeddings": [V[6]], "documents": [text], "metadatas": [{"mw_scope": "tenant"}]}
+        assert http.post(data(world, "add"), json=body).status_code == 200
+        assert http.post(data(world, "delete"), json={"ids": ["qt"]}).json() == {"deleted": 1}
+        for n, spelling in enumerate(("The quarterly target is 12 percent.", "the quarterly\u200b target is 12 percent",
+                                      "\ufeff  THE QUARTERLY TARGET IS 12 PERCENT!  ", "\"the quarterly target is 12 percent\"")):
+            r = http.post(data(world, "add"), json={"ids": [f"qt-w{n}"], "embeddings": [V[6]], "documents": [spelling]})
+            assert r.status_code == 409, (spelling, r.text)
+    with stack.http(world.keys["peer"]) as http:  # same fleet, could read it: the deleted memory stays deleted
+        assert http.post(data(world, "add"), json={"ids": ["qt-p"], "embeddings": [V[6]], "documents": [text]}).status_code == 409
+    with stack.http(world.keys["blue"]) as http:  # another fleet's own knowledge is not censored by w's delete
+        r = http.post(data(world, "add"), json={"ids": ["qt-b"], "embeddings": [V[6]], "documents": [text + "."]})
+        assert r.status_code == 200, r.text
+        # a different text is a different text
+        assert http.post(data(world, "add"), json={"ids": ["qt-b2"], "embeddings": [V[6]],
+                                                   "documents": ["the quarterly target is 13 percent"]}).status_code == 200
+
+
 def test_a_principal_that_may_not_write_learns_nothing_from_a_write(stack: Stack, world: Tenant) -> None:
     with stack.http(world.keys["w"]) as http:
         body = {"ids": ["hidden-fact"], "embeddings": [V[7]], "documents": ["bob is on leave"],

@@ -6,7 +6,8 @@ trust 1), boss (blue, trust 3), r0 (red, trust 0); the tenant admin key; an agen
 
 - write: a row with a random scope (agent/fleet/tenant/restricted), sometimes re-homed to the other fleet;
 - derived write: a row naming 1-2 parents (any status, or an id that never existed);
-- copy: a row whose text is an existing row's text (verbatim, upper-cased or re-spaced), live or deleted;
+- copy: a row whose text is an existing row's text (verbatim, upper-cased, re-spaced, or with a zero-width
+  space in front and a full stop after), live or deleted;
 - triple write: subject x predicate from a small set; two predicates are single-valued
   (policies/single_valued.txt) and one is not;
 - burst: 3-6 contradicting triple writes on one single-valued (subject, predicate), from threads at once;
@@ -86,8 +87,16 @@ PREDICATES = (*SV_PREDICATES, MULTI_PREDICATE)
 
 
 def normalise(text: str) -> str:
-    """README: content is compared after NFKC, case folding and whitespace collapsing."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    """README: content is compared after NFKC, case folding, removing format characters (zero-width),
+    collapsing whitespace and stripping punctuation and symbols at the edges."""
+    folded = "".join(c for c in unicodedata.normalize("NFKC", text).casefold() if unicodedata.category(c) != "Cf")
+    words = " ".join(folded.split())
+    edge = lambda c: c.isspace() or unicodedata.category(c)[0] in "PS"  # noqa: E731
+    while words and edge(words[0]):
+        words = words[1:]
+    while words and edge(words[-1]):
+        words = words[:-1]
+    return words
 
 
 # ---- the model -------------------------------------------------------------------------------------------
@@ -184,9 +193,10 @@ class Model:
             current = self.active_fact(row.fact)  # type: ignore[arg-type]
             if current is not None and not may_change(who, current):
                 fails.add(403)
-        # README: deleted content comes back only for a writer who never could read it (409 otherwise)
+        # README: deleted content does not come back to its lineage — the deleted row's owner or fleet —
+        # where the writer could read it (409); other fleets, and writers who never could read it, may write it
         if any(r.status == "deleted" and normalise(r.text) == normalise(row.text) and may_read(who, r)
-               for r in self.rows.values()):
+               and (r.owner == who or r.fleet == CAST[who][0]) for r in self.rows.values()):
             fails.add(409)
         if not may_write(who, row.fleet):
             fails.add(403)
@@ -688,13 +698,14 @@ class MemoryMachine(RuleBasedStateMachine):
         self._write("derived", who, self._new_row(who, scope, parents=parents))
 
     @precondition(lambda self: self.model.rows)
-    @rule(scope=st.sampled_from(SCOPES), variant=st.sampled_from(("same", "upper", "spaced")), data=st.data())
+    @rule(scope=st.sampled_from(SCOPES), variant=st.sampled_from(("same", "upper", "spaced", "marked")), data=st.data())
     def copy_write(self, scope: str, variant: str, data: st.DataObject) -> None:
         deleted = [i for i, r in self.model.rows.items() if r.status == "deleted"]
         source = self.model.rows[self._pick(data, deleted, list(self.model.rows))]
         who = self._principal(data, source.owner)
         text = {"same": source.text, "upper": source.text.upper(),
-                "spaced": "  " + source.text.replace(" ", "   ") + "\t"}[variant]
+                "spaced": "  " + source.text.replace(" ", "   ") + "\t",
+                "marked": "\u200b" + source.text + "."}[variant]
         self._write("copy" if source.live else "copy-of-deleted", who, self._new_row(who, scope, text=text, token=source.token))
 
     @rule(scope=st.sampled_from(("fleet", "tenant", "agent")), subject=st.sampled_from(SUBJECTS),

@@ -227,6 +227,16 @@ def test_forgotten_content_is_refused_only_to_who_could_read_it(mem0_stack: Mem0
         assert add(h, private_secret, user).status_code == 200  # never could read it: no oracle
     with mem0_stack.http(world.keys["blue"]) as h:
         assert add(h, fleet_secret, user).status_code == 200
+    # A tenant-wide text deleted by w binds w's lineage (w, its fleet) in every spelling, not other fleets.
+    shared = "the offsite is on the 14th"
+    with mem0_stack.http(world.keys["w"]) as h:
+        assert h.delete(f"/memories/{added_id(add(h, shared, user, mw_scope='tenant'))}").status_code == 200
+        for spelling in ("The offsite is on the 14th.", "the offsite\u200b is on the 14th", " THE OFFSITE IS ON THE 14TH!"):
+            assert add(h, spelling, user).status_code == 409, spelling
+    with mem0_stack.http(world.keys["peer"]) as h:
+        assert add(h, shared, user).status_code == 409
+    with mem0_stack.http(world.keys["blue"]) as h:
+        assert add(h, shared, user).status_code == 200
 
 
 def test_supersession_links_only_to_readable_memories(mem0_stack: Mem0Stack, world: World) -> None:
