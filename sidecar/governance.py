@@ -177,6 +177,22 @@ class Row:
         }
 
 
+def fact_partition(row: "Row") -> str:
+    """The visibility partition of a row (DESIGN.md §4, README "Supersession"): single-valued facts are
+    single-valued within one (tenant, collection, partition). Chosen so that every principal that may
+    write a row into a partition may read every fact in it (default policies): ``agent:<owner>`` (only the
+    owner writes and reads it), ``fleet:<tenant>/<fleet>`` (written by the fleet at trust >= 1 or by
+    trust 3, read by the fleet or trust >= 2), ``tenant`` (the whole tenant), and
+    ``restricted:<owner>|<sorted readers>`` (only its owner writes it)."""
+    if row.scope == "agent":
+        return f"agent:{row.owner}"
+    if row.scope == "fleet":
+        return f"fleet:{row.tenant}/{row.fleet}"
+    if row.scope == "tenant":
+        return "tenant"
+    return f"restricted:{row.owner}|{','.join(sorted(row.readers))}"
+
+
 def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners.
 

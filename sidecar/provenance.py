@@ -8,13 +8,13 @@ Pure helpers:
   id, spelt differently, without the text.
 - `load_single_valued`: the predicates declared single-valued in ``policies/single_valued.txt``
   (one predicate per line, ``#`` comments). A triple with such a predicate supersedes the active row
-  for the same (tenant, subject, predicate).
+  for the same (subject, predicate) in its collection and visibility partition (`fact_partition`).
 - `split_metadata`: a client's metadata → (plain keys, requested governance and provenance keys).
 - `provenance_metadata`: the ``mw_source``/``mw_derived_from``/triple keys stamped into a row.
 - `history_view`: the ``include_superseded`` / ``as_of`` query parameters.
 
 `Provenance` holds the rules a profile applies around its backend calls — parents must be
-readable, superseding needs ``update`` on the current fact, deleted content may not come back where
+readable, superseding needs ``supersede`` on the current fact of the row's partition, deleted content may not come back where
 the writer could read it, links to superseded rows only where readable, deletion closure — so each
 profile only maps its own row shapes (Chroma columns, Mem0 memories) onto them.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from sidecar.errors import BadRequest, Conflict, Forbidden
-from sidecar.governance import SCOPES, Principal, Row, agent_id
+from sidecar.governance import SCOPES, Principal, Row, agent_id, fact_partition
 from sidecar.ledger.base import StaleFact, now_us
 
 if TYPE_CHECKING:
@@ -249,38 +249,58 @@ class Provenance:
                 raise Forbidden("derived_from names a memory you cannot read")
 
     def check_supersession(self, ex: Exchange, rows: list[Row]) -> dict[str, tuple[str, str] | None]:
-        """Replacing the active fact for (tenant, subject, predicate) needs `update` on that row;
-        a fact the writer cannot read answers 403 exactly like one it may read but not update.
+        """A single-valued row replaces the active fact of its (subject, predicate) in its own collection
+        and visibility partition (`fact_partition`), and needs Cedar ``supersede`` on that fact. Every
+        writer into a partition may read every fact in it (default policies, proved by supersede-scope),
+        so the decision never concerns a fact the writer cannot read, and a fact in a partition the writer
+        does not write into (another agent's private one, another fleet's, another collection's) is never
+        looked at: the answer is the same whether it exists or not.
 
         Returns, per single-valued row of `rows` (in order), the (collection, id) of the fact it will
-        supersede — the fact decided here, or the previous row of `rows` with the same triple key —
-        or None: the `expect` of `Ledger.activate_rows`."""
-        current: dict[tuple[str, str, str], Row | None] = {}
-        last: dict[tuple[str, str, str], tuple[str, str] | None] = {}
+        supersede — the fact decided here, or the previous row of `rows` with the same key — or None: the
+        `expect` of `Ledger.activate_rows`. Raises `Forbidden` when ``supersede`` is denied."""
+        current: dict[tuple[str, str, str, str, str], Row | None] = {}
+        last: dict[tuple[str, str, str, str, str], tuple[str, str] | None] = {}
         expect: dict[str, tuple[str, str] | None] = {}
         for r in rows:
             if not r.single_valued:
                 continue
-            key = (r.tenant, r.subject or "", r.predicate or "")
+            key = (r.tenant, r.collection, fact_partition(r), r.subject or "", r.predicate or "")
             if key not in current:
-                fact = current[key] = self.ledger.active_fact(self.backend, *key)
+                fact = current[key] = self.ledger.active_fact(self.backend, key[0], key[3], key[4],
+                                                              collection=key[1], partition=key[2])
                 last[key] = (fact.collection, fact.row_id) if fact is not None else None
             expect[r.row_id] = last[key]
             last[key] = (r.collection, r.row_id)  # a later row of `rows` supersedes this one
         facts = [f for f in current.values() if f is not None]
-        if facts and not all(d.allowed for d in self.authz.decide_rows(ex, "update", facts)):
+        if facts and not all(d.allowed for d in self.authz.decide_rows(ex, "supersede", facts)):
             ex.decision = "deny"
             raise Forbidden("superseding this fact is not permitted")
         return expect
 
+    def check_move(self, ex: Exchange, moved: list[tuple[Row, Row]]) -> None:
+        """A re-scoped active single-valued row (before, after) moves to another visibility partition;
+        if that partition holds an active fact of the same subject and predicate, 409 (nothing changes):
+        write a new fact there instead. The mover may write into the target partition, so by the partition
+        rule it may read that fact: the 409 is no oracle."""
+        for before, after in moved:
+            if not before.single_valued or before.status != "active" or fact_partition(before) == fact_partition(after):
+                continue
+            there = self.ledger.active_fact(self.backend, after.tenant, after.subject or "", after.predicate or "",
+                                            collection=after.collection, partition=fact_partition(after))
+            if there is not None and there.row_id != after.row_id:
+                ex.decision = "deny"
+                raise Conflict("a fact with this subject and predicate is active in the target scope; "
+                               "write a new fact there to supersede it")
+
     def activate(self, ex: Exchange, collection: str, rows: list[Row], attempts: int = 100) -> None:
         """Activate reserved `rows` (already written to the backend) in `collection`. A single-valued row
-        supersedes only a fact whose `update` was decided for this caller: `check_supersession` runs again
+        supersedes only a fact whose `supersede` was decided for this caller: `check_supersession` runs again
         and the ledger activates only if that fact is still the active one (compare-and-set); if another
         write replaced it in between, the decision is taken again on the new fact. So a concurrent write
-        cannot make the caller supersede a fact it may not update.
+        cannot make the caller supersede a fact it may not supersede.
 
-        Raises `Forbidden` (403) when the caller may not update the fact now active, `Conflict` (409) when
+        Raises `Forbidden` (403) when the caller may not supersede the fact now active, `Conflict` (409) when
         the fact changed `attempts` times in a row; then nothing is activated and the caller must take
         the rows back out of its backend and release them."""
         ids = [r.row_id for r in rows]

@@ -511,6 +511,7 @@ class ChromaProfile:
                 ex.decision, ex.action, ex.row_ids = "deny", action, denied
                 raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
         self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str) and ids[i] in known])
+        self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)

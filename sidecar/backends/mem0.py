@@ -496,6 +496,7 @@ class Mem0Profile:
             if self._decide_all(ex, "redistribute", [row], [ctx]):
                 ex.action, ex.decision = "redistribute", "deny"
                 raise Forbidden("redistribute is not permitted")
+            self.prov.check_move(ex, [(row, new)])
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         if "metadata" in body or moved:

@@ -33,13 +33,15 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from sidecar.governance import Principal, Row, agent_entity, agent_id
+from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
     MIGRATION_2_PROVENANCE,
+    MIGRATION_4_PARTITIONS,
     _activate,
+    _fact_query,
     _closure_tombstone,
     _reset,
     _reset_done,
@@ -90,6 +92,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE api_keys ADD CONSTRAINT api_keys_kind CHECK (kind IN ('agent', 'admin', 'operator'));
     ALTER TABLE api_keys ADD CONSTRAINT api_keys_operator_no_tenant CHECK ((kind = 'operator') = (tenant IS NULL));
     """,
+    MIGRATION_4_PARTITIONS.replace(
+        "READERS_SORTED", "(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") FROM json_array_elements_text(rows.readers::json) AS v)"),
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -361,8 +365,8 @@ class PostgresLedger:
     def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
                       expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:
         """As `SQLiteLedger.activate_rows` (`expect` included). Concurrent activations of one (tenant,
-        subject, predicate) are serialised by a transaction-scoped advisory lock on that key; the partial
-        unique index ``rows_one_active_fact`` is the constraint behind it."""
+        collection, partition, subject, predicate) are serialised by a transaction-scoped advisory lock on
+        that key; the partial unique index ``rows_one_active_fact`` is the constraint behind it."""
         def lock(db: Any, key: list[Any]) -> None:
             db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (json.dumps(key),))
 
@@ -389,9 +393,10 @@ class PostgresLedger:
         t = now_us()
         with self._tx() as db:
             db.cursor().executemany(
-                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, content_hmac = %s, updated_at = %s "
+                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, content_hmac = %s, fact_partition = %s, updated_at = %s "
                 "WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                [(row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac, t, row.backend, row.collection, row.row_id)
+                [(row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac,
+                  fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id)
                  for row in rows],
             )
 
@@ -420,10 +425,12 @@ class PostgresLedger:
                               "AND content_hmac = ANY(%s)", (backend, tenant, statuses, list(dict.fromkeys(digests)))).fetchall()
         return [_row_from_db(r) for r in rows]
 
-    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str) -> Row | None:
+    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str, *,
+                    collection: str | None = None, partition: str | None = None) -> Row | None:
+        """As `SQLiteLedger.active_fact`."""
+        sql, args = _fact_query(backend, tenant, subject, predicate, collection, partition)
         with self._conn() as db:
-            r = db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = %s AND tenant = %s AND subject = %s AND "
-                           "predicate = %s AND status = 'active' AND single_valued = 1", (backend, tenant, subject, predicate)).fetchone()
+            r = db.execute(sql.replace("?", "%s"), args).fetchone()
         return None if r is None else _row_from_db(r)
 
     def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:

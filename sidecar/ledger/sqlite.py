@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from contextlib import contextmanager
 
-from sidecar.governance import Principal, Row, agent_entity, agent_id
+from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
@@ -62,6 +62,23 @@ MIGRATION_3_OPERATOR_SQLITE = """
     ALTER TABLE api_keys_v3 RENAME TO api_keys;
 """
 
+# Version 4: supersession per visibility partition (governance.fact_partition): one active single-valued
+# row per (backend, tenant, collection, partition, subject, predicate) instead of per tenant. Existing rows
+# get their partition from scope, owner, fleet and readers; the tenant-wide unique index is replaced.
+MIGRATION_4_PARTITIONS = """
+    ALTER TABLE rows ADD COLUMN fact_partition TEXT;
+    UPDATE rows SET fact_partition = CASE scope
+        WHEN 'agent' THEN 'agent:' || owner
+        WHEN 'fleet' THEN 'fleet:' || tenant || '/' || fleet
+        WHEN 'tenant' THEN 'tenant'
+        ELSE 'restricted:' || owner || '|' || COALESCE(READERS_SORTED, '') END
+        WHERE single_valued = 1;
+    DROP INDEX rows_one_active_fact;
+    CREATE UNIQUE INDEX rows_one_active_fact ON rows (backend, tenant, collection_id, fact_partition, subject, predicate)
+        WHERE status = 'active' AND single_valued = 1;
+"""
+SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
+
 # Each entry migrates from version i to i+1; applied in order at open.
 MIGRATIONS: list[str] = [
     """
@@ -97,14 +114,16 @@ MIGRATIONS: list[str] = [
     """,
     MIGRATION_2_PROVENANCE,
     MIGRATION_3_OPERATOR_SQLITE,
+    MIGRATION_4_PARTITIONS.replace("READERS_SORTED", SQLITE_READERS_SORTED),
 ]
 
 _ROW_COLUMNS = (
     "backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
     "created_at, updated_at, request_id, subject, predicate, object, extra, source, single_valued, "
-    "supersedes_collection, supersedes_id, superseded_by_collection, superseded_by, superseded_at, content_hmac"
+    "supersedes_collection, supersedes_id, superseded_by_collection, superseded_by, superseded_at, content_hmac, "
+    "fact_partition"
 )
-_N_ROW_COLUMNS = 26
+_N_ROW_COLUMNS = 27
 
 
 def _pair(collection: Any, row_id: Any) -> tuple[str, str] | None:
@@ -130,7 +149,7 @@ def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
         json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.status, row.writer,
         row.created_at, updated_at, row.request_id, row.subject, row.predicate, row.object, json.dumps(row.extra),
         row.source, int(row.single_valued), *(row.supersedes or (None, None)), *(row.superseded_by or (None, None)),
-        row.superseded_at, row.content_hmac,
+        row.superseded_at, row.content_hmac, fact_partition(row) if row.single_valued else None,
     )
 
 
@@ -338,8 +357,9 @@ class SQLiteLedger:
     def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
                       expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:
         """Make reserved rows active. A row with a single-valued triple supersedes the active row for
-        (backend, tenant, subject, predicate) in the same transaction; returns (new id, superseded
-        (collection, id)) pairs. The partial unique index ``rows_one_active_fact`` is the constraint.
+        (backend, tenant, collection, visibility partition, subject, predicate) in the same transaction;
+        returns (new id, superseded (collection, id)) pairs. The partial unique index
+        ``rows_one_active_fact`` is the constraint.
 
         `expect` (compare-and-set): for a row named in it, the (collection, id) of the fact it may
         supersede, or None for none; when the active fact differs, `StaleFact` is raised and nothing
@@ -367,9 +387,10 @@ class SQLiteLedger:
         with self._tx() as db:
             for row in rows:
                 db.execute(
-                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, content_hmac = ?, updated_at = ? "
+                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, content_hmac = ?, fact_partition = ?, updated_at = ? "
                     "WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                    (row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac, t, row.backend, row.collection, row.row_id),
+                    (row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac,
+                     fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id),
                 )
 
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
@@ -412,11 +433,14 @@ class SQLiteLedger:
                 out += [_row_from_db(r) for r in self._db.execute(q, (backend, tenant, *chunk))]
         return out
 
-    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str) -> Row | None:
-        """The active single-valued row for (tenant, subject, predicate), if any."""
+    def active_fact(self, backend: str, tenant: str, subject: str, predicate: str, *,
+                    collection: str | None = None, partition: str | None = None) -> Row | None:
+        """The active single-valued row for (tenant, subject, predicate) in one ledger `collection` and
+        visibility `partition` (`governance.fact_partition`) when given; None if none. Over several
+        partitions, the newest."""
+        sql, args = _fact_query(backend, tenant, subject, predicate, collection, partition)
         with self._lock:
-            r = self._db.execute(f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND subject = ? AND "
-                                 "predicate = ? AND status = 'active' AND single_valued = 1", (backend, tenant, subject, predicate)).fetchone()
+            r = self._db.execute(sql, args).fetchone()
         return None if r is None else _row_from_db(r)
 
     def forgotten(self, tenant: str, hmacs: list[str]) -> set[str]:
@@ -493,6 +517,19 @@ def _reset_done(db: Any, ph: str, backend: str, collection_id: str | None, t: in
                (t, *args))
 
 
+def _fact_query(backend: str, tenant: str, subject: str, predicate: str, collection: str | None,
+                partition: str | None) -> tuple[str, tuple[Any, ...]]:
+    """``active_fact``'s query with ``?`` placeholders (both ledgers)."""
+    sql = (f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND tenant = ? AND subject = ? AND predicate = ? "
+           "AND status = 'active' AND single_valued = 1")
+    args: list[Any] = [backend, tenant, subject, predicate]
+    if collection is not None:
+        sql, args = sql + " AND collection_id = ?", [*args, collection]
+    if partition is not None:
+        sql, args = sql + " AND fact_partition = ?", [*args, partition]
+    return sql + " ORDER BY created_at DESC, row_id LIMIT 1", tuple(args)
+
+
 def _activate(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str],
               expect: Mapping[str, tuple[str, str] | None] | None, lock: Callable[[Any, list[Any]], None] | None,
               for_update: str = "") -> list[tuple[str, tuple[str, str]]]:
@@ -505,17 +542,18 @@ def _activate(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[
     t = now_us()
     replaced: list[tuple[str, tuple[str, str]]] = []
     for row_id in row_ids:
-        r = q("SELECT tenant, subject, predicate, single_valued FROM rows WHERE backend = ? AND "
+        r = q("SELECT tenant, subject, predicate, single_valued, fact_partition FROM rows WHERE backend = ? AND "
               "collection_id = ? AND row_id = ? AND status = 'pending'", (backend, collection_id, row_id)).fetchone()
         if r is None:
             continue
         old = None
         if r["single_valued"] and r["subject"] is not None and r["predicate"] is not None:
+            key = [backend, r["tenant"], collection_id, r["fact_partition"], r["subject"], r["predicate"]]
             if lock is not None:
-                lock(db, [backend, r["tenant"], r["subject"], r["predicate"]])
-            old = q("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND subject = ? "
-                    "AND predicate = ? AND status = 'active' AND single_valued = 1" + for_update,
-                    (backend, r["tenant"], r["subject"], r["predicate"])).fetchone()
+                lock(db, key)
+            old = q("SELECT collection_id, row_id FROM rows WHERE backend = ? AND tenant = ? AND collection_id = ? "
+                    "AND fact_partition = ? AND subject = ? AND predicate = ? AND status = 'active' AND single_valued = 1"
+                    + for_update, tuple(key)).fetchone()
         if expect is not None and row_id in expect:
             current = (old["collection_id"], old["row_id"]) if old is not None else None
             if current != expect[row_id]:

@@ -8,8 +8,9 @@ trust 1), boss (blue, trust 3), r0 (red, trust 0); the tenant admin key; an agen
 - derived write: a row naming 1-2 parents (any status, or an id that never existed);
 - copy: a row whose text is an existing row's text (verbatim, upper-cased, re-spaced, or with a zero-width
   space in front and a full stop after), live or deleted;
-- triple write: subject x predicate from a small set; two predicates are single-valued
-  (policies/single_valued.txt) and one is not;
+- triple write: subject x predicate from a small set, in any scope; two predicates are single-valued
+  (policies/single_valued.txt) and one is not; a single-valued fact is single-valued within its
+  visibility partition (agent: its owner; fleet: its fleet; tenant; restricted: owner and readers);
 - burst: 3-6 contradicting triple writes on one single-valued (subject, predicate), from threads at once;
 - delete: rows by anyone (Chroma: 1-2 ids per request; Mem0: one), with cascade closure over derived
   rows and the deleter's deletable copies of the content;
@@ -21,7 +22,7 @@ for every principal: (1) list, count and search show exactly the readable active
 include_superseded the readable live ones), (2) no deleted row's id or text comes back on get, search,
 count or lineage, and get/lineage of a deleted id find nothing — nor the id or text of any row the
 principal may not read, (3) one active row per single-valued fact (none once that row is deleted), the
-rest reachable with include_superseded, in the API and the ledger, (4) lineage is complete — every readable ancestor with its id, writer, status and depth,
+rest reachable with include_superseded, in the API and the ledger, per visibility partition, (4) lineage is complete — every readable ancestor with its id, writer, status and depth,
 unreadable ones as id-less placeholders, (5) the ledger's row states equal the model's.
 
 The machine reaches the backend only through `Backend` (write, delete, list, count, search, get,
@@ -127,6 +128,17 @@ class MRow:
     def live(self) -> bool:
         return self.status in ("active", "superseded")
 
+    @property
+    def partition(self) -> tuple[Any, ...]:
+        """README "Supersession": the visibility partition within which a fact is single-valued."""
+        if self.scope == "agent":
+            return ("agent", self.owner)
+        if self.scope == "fleet":
+            return ("fleet", self.fleet)
+        if self.scope == "tenant":
+            return ("tenant",)
+        return ("restricted", self.owner, self.readers)
+
 
 def may_read(who: str, r: MRow) -> bool:
     """Cedar `read` on `r` judged as if it were active (policies/default.cedar: read-agent-scope,
@@ -155,6 +167,14 @@ def may_write(who: str, fleet: str) -> bool:
     return (fleet == home and trust >= 1) or trust >= 3
 
 
+def may_supersede(who: str, r: MRow) -> bool:
+    """`supersede` (supersede-readable-fact): a newer fact from a writer at trust >= 1 that may read the
+    current one, or owns it."""
+    if who not in CAST or CAST[who][1] < 1:
+        return False
+    return r.owner == who or (r.scope != "agent" and may_read(who, r))
+
+
 def may_change(who: str, r: MRow) -> bool:
     """`update` / `delete` (owner-update-delete, tenant-admin-rows) on a live row."""
     if who == OUTSIDER:
@@ -170,10 +190,12 @@ class Model:
         ok = ("active", "superseded") if include_superseded else ("active",)
         return {r.id for r in self.rows.values() if r.status in ok and may_read(who, r)}
 
-    def active_fact(self, fact: tuple[str, str]) -> MRow | None:
-        live = [r for r in self.rows.values() if r.single_valued and r.fact == fact and r.status == "active"]
-        assert len(live) <= 1, "model bug: two active facts"
-        return live[0] if live else None
+    def active_fact(self, fact: tuple[str, str], partition: tuple[Any, ...] | None = None) -> MRow | None:
+        """The active row of `fact` in `partition`; without a partition, the newest active one in any."""
+        live = [r for r in self.rows.values() if r.single_valued and r.fact == fact and r.status == "active"
+                and (partition is None or r.partition == partition)]
+        assert partition is None or len(live) <= 1, "model bug: two active facts in one partition"
+        return live[-1] if live else None
 
     def write_outcomes(self, who: str, row: MRow) -> set[int]:
         """The statuses the sidecar may answer to `who` writing `row`.
@@ -189,9 +211,9 @@ class Model:
             parent = self.rows.get(pid)
             if parent is None or not parent.live or not may_read(who, parent):
                 fails.add(403)
-        if row.single_valued:  # README: replacing a fact needs update on the current one
-            current = self.active_fact(row.fact)  # type: ignore[arg-type]
-            if current is not None and not may_change(who, current):
+        if row.single_valued:  # README: a newer fact replaces the current one of its partition (supersede)
+            current = self.active_fact(row.fact, row.partition)  # type: ignore[arg-type]
+            if current is not None and not may_supersede(who, current):
                 fails.add(403)
         # README: deleted content does not come back to its lineage — the deleted row's owner or fleet —
         # where the writer could read it (409); other fleets, and writers who never could read it, may write it
@@ -204,7 +226,7 @@ class Model:
 
     def add(self, row: MRow) -> None:
         if row.single_valued:
-            current = self.active_fact(row.fact)  # type: ignore[arg-type]
+            current = self.active_fact(row.fact, row.partition)  # type: ignore[arg-type]
             if current is not None:
                 current.status = "superseded"
         self.rows[row.id] = row
@@ -309,8 +331,19 @@ class Backend(Protocol):
 
     def ledger_status(self, ids: list[str]) -> dict[str, str]: ...
     def ledger_supersedes(self, ids: list[str]) -> dict[str, str | None]: ...
-    def ledger_active_fact(self, subject: str, predicate: str) -> str | None: ...
+    def ledger_active_fact(self, subject: str, predicate: str, partition: str) -> str | None: ...
     def uid(self, who: str) -> str: ...
+
+
+def ledger_partition(backend: Backend, row: MRow) -> str:
+    """The ledger's name of `row`'s partition (sidecar/governance.py fact_partition), from the README's rule."""
+    if row.scope == "agent":
+        return f"agent:{backend.uid(row.owner)}"
+    if row.scope == "fleet":
+        return f"fleet:{backend.tenant}/{row.fleet}"  # type: ignore[attr-defined]
+    if row.scope == "tenant":
+        return "tenant"
+    return f"restricted:{backend.uid(row.owner)}|{','.join(sorted(backend.uid(r) for r in row.readers))}"
 
 
 def vector(n: int, dim: int = 8) -> list[float]:
@@ -432,8 +465,8 @@ class ChromaBackend:
         rows = self.ledger.get_rows("chroma", self.collection, ids)
         return {i: (r.supersedes[1] if r.supersedes else None) for i, r in rows.items()}
 
-    def ledger_active_fact(self, subject: str, predicate: str) -> str | None:
-        row = self.ledger.active_fact("chroma", self.tenant, subject, predicate)
+    def ledger_active_fact(self, subject: str, predicate: str, partition: str) -> str | None:
+        row = self.ledger.active_fact("chroma", self.tenant, subject, predicate, collection=self.collection, partition=partition)
         return None if row is None else row.row_id
 
 
@@ -570,8 +603,8 @@ class Mem0Backend:
         rows = self.ledger.get_rows("mem0", self.deployment, ids)
         return {i: (r.supersedes[1] if r.supersedes else None) for i, r in rows.items()}
 
-    def ledger_active_fact(self, subject: str, predicate: str) -> str | None:
-        row = self.ledger.active_fact("mem0", self.tenant, subject, predicate)
+    def ledger_active_fact(self, subject: str, predicate: str, partition: str) -> str | None:
+        row = self.ledger.active_fact("mem0", self.tenant, subject, predicate, collection=self.deployment, partition=partition)
         return None if row is None else row.row_id
 
 
@@ -642,7 +675,7 @@ class MemoryMachine(RuleBasedStateMachine):
         status, new_id = self.backend.write(who, row)
         assert status in expected, f"{who} writing {row}: got {status}, model allows {sorted(expected)}"
         self.events[f"{kind}:{status}"] += 1
-        if row.single_valued and status == 200 and self.model.active_fact(row.fact) is not None:  # type: ignore[arg-type]
+        if row.single_valued and status == 200 and self.model.active_fact(row.fact, row.partition) is not None:  # type: ignore[arg-type]
             self.events["triple:supersedes"] += 1
         if status == 200:
             assert new_id is not None
@@ -721,13 +754,13 @@ class MemoryMachine(RuleBasedStateMachine):
 
     @rule(subject=st.sampled_from(SUBJECTS), predicate=st.sampled_from(SV_PREDICATES), data=st.data())
     def burst(self, subject: str, predicate: str, data: st.DataObject) -> None:
-        """Contradicting facts written at once. Each write that succeeds must have replaced a fact its
-        writer may update (README: replacing a fact needs `update` on the current one), in some order
-        of the successful writes; each 403 must be explained by a fact that was current at some point
-        in that order or by the trust ladder."""
+        """Contradicting tenant-wide facts written at once (one partition). Each write that succeeds must
+        have replaced a fact its writer may supersede (README), in some order of the successful writes;
+        each 403 must be explained by a fact that was current at some point in that order or by the trust
+        ladder."""
         self._views = None
         fact = (subject, predicate)
-        before = self.model.active_fact(fact)
+        before = self.model.active_fact(fact, ("tenant",))
         # each writer: the current fact's owner (when drawn so and there is one) or any agent
         drawn = data.draw(st.lists(st.tuples(st.booleans(), st.sampled_from(AGENTS)), min_size=3, max_size=6))
         writers = [before.owner if owner and before is not None else agent for owner, agent in drawn]
@@ -763,13 +796,13 @@ class MemoryMachine(RuleBasedStateMachine):
             del remaining[current]
         chain = ([before] if before is not None else []) + order
         for old, new in zip(chain, chain[1:]):
-            assert may_change(new.owner, old), (
+            assert may_supersede(new.owner, old), (
                 f"burst on {fact}: {new.owner}'s {new.id} superseded {old.owner}'s {old.id}, which {new.owner} may "
-                f"not update (writers {writers}, statuses {[s for s, _ in results]})")
+                f"not supersede (writers {writers}, statuses {[s for s, _ in results]})")
         for row, (status, _) in zip(rows, results):
             if status == 403:
-                assert not may_write(row.owner, row.fleet) or any(not may_change(row.owner, f) for f in chain), (
-                    f"burst on {fact}: {row.owner} refused although it may update every fact current in the burst")
+                assert not may_write(row.owner, row.fleet) or any(not may_supersede(row.owner, f) for f in chain), (
+                    f"burst on {fact}: {row.owner} refused although it may supersede every fact current in the burst")
         for row in order:
             self.model.add(row)
         self.events[f"burst:{len(order)}-won"] += 1
@@ -915,13 +948,15 @@ class MemoryMachine(RuleBasedStateMachine):
             live = {r.id for r in mine if r.live}
             active = {r.id for r in mine if r.status == "active"}
             if predicate in SINGLE_VALUED:
-                assert len(active) <= 1
-                # exactly one active row unless the current fact itself was deleted (then none: a deletion
-                # does not bring back the fact it had replaced)
-                model_active = next(iter(active), None)
-                assert self.backend.ledger_active_fact(subject, predicate) == model_active, (
-                    f"ledger active fact for {(subject, predicate)} is {self.backend.ledger_active_fact(subject, predicate)}, "
-                    f"model {model_active}")
+                # per partition: exactly one active row unless its current fact itself was deleted (then none:
+                # a deletion does not bring back the fact it had replaced)
+                for part in {r.partition: r for r in mine}.values():
+                    same = {r.id for r in mine if r.partition == part.partition and r.status == "active"}
+                    assert len(same) <= 1
+                    model_active = next(iter(same), None)
+                    name = ledger_partition(self.backend, part)
+                    got = self.backend.ledger_active_fact(subject, predicate, name)
+                    assert got == model_active, f"ledger active fact for {(subject, predicate)} in {name} is {got}, model {model_active}"
             admin = self.views()[ADMIN]
             now = self.backend.facts(ADMIN, subject, predicate, False, admin.listing)
             history = self.backend.facts(ADMIN, subject, predicate, True, admin.history)

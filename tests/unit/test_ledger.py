@@ -283,9 +283,10 @@ def test_cli_ledger_migrate_and_keys_on_postgres(pg_url: str, monkeypatch: pytes
 
 # -- provenance, supersession and deletion closure (both ledgers) ------------------------------
 
-def _fact(i: str, obj: str, collection: str = "c1", derived: tuple[tuple[str, str], ...] = (), digest: str | None = None) -> Row:
-    return Row("chroma", collection, i, "t", "red", "t/red/a", "fleet", "t/red/a", 1, subject="svc", predicate="status",
-               object=obj, single_valued=True, derived_from=derived, content_hmac=digest)
+def _fact(i: str, obj: str, collection: str = "c1", derived: tuple[tuple[str, str], ...] = (), digest: str | None = None,
+          scope: str = "fleet", owner: str = "t/red/a", readers: tuple[str, ...] = ()) -> Row:
+    return Row("chroma", collection, i, "t", owner.split("/")[1], owner, scope, owner, 1, subject="svc", predicate="status",
+               object=obj, single_valued=True, derived_from=derived, content_hmac=digest, readers=readers)
 
 
 def _add(ledger: Any, *rows: Row) -> list[tuple[str, tuple[str, str]]]:
@@ -296,14 +297,24 @@ def _add(ledger: Any, *rows: Row) -> list[tuple[str, tuple[str, str]]]:
     return out
 
 
-def test_supersession_keeps_one_active_fact(ledger: Any) -> None:
+def test_supersession_keeps_one_active_fact_per_partition(ledger: Any) -> None:
     assert _add(ledger, _fact("a", "paused")) == []
     assert _add(ledger, _fact("b", "running")) == [("b", ("c1", "a"))]
-    assert _add(ledger, _fact("c", "stopped", collection="c2")) == [("c", ("c1", "b"))]  # tenant-wide, across collections
-    rows = ledger.get_rows("chroma", "c1", ["a", "b"]) | ledger.get_rows("chroma", "c2", ["c"])
+    assert _add(ledger, _fact("c", "stopped")) == [("c", ("c1", "b"))]
+    rows = ledger.get_rows("chroma", "c1", ["a", "b", "c"])
     assert [rows[i].status for i in "abc"] == ["superseded", "superseded", "active"]
-    assert rows["b"].supersedes == ("c1", "a") and rows["b"].superseded_by == ("c2", "c")
+    assert rows["b"].supersedes == ("c1", "a") and rows["b"].superseded_by == ("c1", "c")
     assert rows["a"].superseded_at is not None and rows["c"].superseded_by is None
+    # Other partitions hold their own fact: another collection, another fleet, an agent's private fact,
+    # the tenant-wide fact, a restricted audience (readers in any order are one audience)
+    others = [_fact("k2", "x", collection="c2"), _fact("blue", "x", owner="t/blue/b"), _fact("mine", "x", scope="agent"),
+              _fact("all", "x", scope="tenant"), _fact("r1", "x", scope="restricted", readers=("t/red/z", "t/blue/y"))]
+    for row in others:
+        assert _add(ledger, row) == [], row.row_id
+    assert _add(ledger, _fact("r2", "y", scope="restricted", readers=("t/blue/y", "t/red/z"))) == [("r2", ("c1", "r1"))]
+    assert _add(ledger, _fact("all2", "y", scope="tenant", owner="t/blue/b")) == [("all2", ("c1", "all"))]
+    assert ledger.active_fact("chroma", "t", "svc", "status", collection="c1", partition="fleet:t/red").row_id == "c"
+    assert ledger.active_fact("chroma", "t", "svc", "status", collection="c1", partition="tenant").row_id == "all2"
     other = Row("chroma", "c1", "o", "t", "red", "t/red/a", "fleet", "t/red/a", 1, subject="svc", predicate="note", object="x")
     assert _add(ledger, other) == []  # not single-valued: no supersession
 
@@ -414,5 +425,56 @@ def test_postgres_survives_a_terminated_connection(pg_url: str) -> None:
         assert ledger.authenticate(key) is not None
         with ledger._conn() as db:
             assert db.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"] != pid
+    finally:
+        ledger.close()
+
+
+ROW_V3 = ("INSERT INTO rows (backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
+          "created_at, updated_at, request_id, subject, predicate, object, single_valued) VALUES "
+          "('chroma', 'c1', {id}, 't', 'red', 't/red/a', {scope}, {readers}, '[]', 'active', 't/red/a', 1, 1, 'r', "
+          "'svc', 'status', 'x', 1)")
+PARTITIONS_V3 = {"f": ("fleet", "[]", "fleet:t/red"), "g": ("agent", "[]", "agent:t/red/a"), "h": ("tenant", "[]", "tenant"),
+                 "r": ("restricted", '["t/red/z", "t/blue/Y", "t/blue/y"]', "restricted:t/red/a|t/blue/Y,t/blue/y,t/red/z")}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_migration_4_gives_existing_facts_their_partition(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Facts written under the tenant-wide supersession (version 3) get the partition the code computes,
+    readers sorted by code point on both databases, and may then be active side by side."""
+    if kind == "sqlite":
+        db: Any = sqlite3.connect(tmp_path / "v3.db", isolation_level=None)
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        migrations, ph = SQLITE_MIGRATIONS, "?"
+    else:
+        url, schema = request.getfixturevalue("pg_url"), fresh_schema()
+        db = psycopg.connect(url, autocommit=True)
+        db.execute(f'CREATE SCHEMA "{schema}"')
+        db.execute(f"SET search_path = {schema}")
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at BIGINT NOT NULL)")
+        migrations, ph = PG_MIGRATIONS, "%s"
+    for version in range(3):
+        for statement in migrations[version].split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"INSERT INTO schema_version VALUES ({ph}{', 0' if kind == 'postgres' else ''})", (version + 1,))
+    # under version 3 only one of them could be active at once: insert them superseded
+    for i, (scope, readers, _) in PARTITIONS_V3.items():
+        db.execute(ROW_V3.format(id=f"'{i}'", scope=f"'{scope}'", readers=f"'{readers}'").replace("'active'", "'superseded'"))
+    db.close()
+    ledger = SQLiteLedger(tmp_path / "v3.db") if kind == "sqlite" else open_ledger(url, schema=schema, max_size=2)
+    try:
+        from sidecar.governance import fact_partition
+        rows = ledger.get_rows("chroma", "c1", list(PARTITIONS_V3))
+        for i, (_, _, expected) in PARTITIONS_V3.items():
+            assert fact_partition(rows[i]) == expected
+            if kind == "sqlite":
+                stored = ledger._db.execute("SELECT fact_partition FROM rows WHERE row_id = ?", (i,)).fetchone()[0]
+            else:
+                with ledger._conn() as conn:  # type: ignore[attr-defined]
+                    stored = conn.execute("SELECT fact_partition FROM rows WHERE row_id = %s", (i,)).fetchone()["fact_partition"]
+            assert stored == expected
+        with ledger._tx() as conn:  # type: ignore[attr-defined]  # one active fact per partition: all four at once
+            conn.execute("UPDATE rows SET status = 'active' WHERE backend = 'chroma'")
+        assert {r.status for r in ledger.get_rows("chroma", "c1", list(PARTITIONS_V3)).values()} == {"active"}
     finally:
         ledger.close()

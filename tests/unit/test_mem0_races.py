@@ -58,14 +58,26 @@ def add(client: TestClient, key: str, **metadata: str) -> httpx.Response:
         "messages": [{"role": "user", "content": "the text"}], "infer": False, "metadata": metadata})
 
 
-def test_a_fact_activated_during_the_call_is_not_superseded_by_who_may_not_update_it(tmp_path: Path) -> None:
+def test_a_fact_activated_during_the_call_is_superseded_only_after_supersede_is_decided_on_it(tmp_path: Path) -> None:
     fact = {"subject": "pipeline:prod", "predicate": "pipeline_status", "object": "running", "single_valued": True}
     client, ledger, fake = make(tmp_path, lambda led: put(led, row("f0", "t/red/v", **fact)))
-    _, key = ledger.create_key("agent", "t", "blue", "x", 1)  # another fleet: may read f0, not update it
+    _, key = ledger.create_key("agent", "t", "blue", "x", 1)  # another fleet: may read f0 (tenant scope)
     r = add(client, key, mw_scope="tenant", mw_subject="pipeline:prod", mw_predicate="pipeline_status", mw_object="paused")
-    assert r.status_code == 403, r.text
-    assert ledger.get_rows("mem0", "default", ["f0"])["f0"].status == "active"  # the victim's fact stands
-    assert "n1" not in ledger.get_rows("mem0", "default", ["n1"]) and fake.deleted == ["n1"]
+    assert r.status_code == 200, r.text
+    rows = ledger.get_rows("mem0", "default", ["f0", "n1"])
+    # f0 appeared while Mem0 answered: the activation saw it (compare-and-set), decided supersede on it, chained it
+    assert rows["f0"].status == "superseded" and rows["f0"].superseded_by == ("default", "n1")
+    assert rows["n1"].status == "active" and rows["n1"].supersedes == ("default", "f0") and fake.deleted == []
+
+
+def test_a_fact_of_another_partition_activated_during_the_call_is_left_alone(tmp_path: Path) -> None:
+    fact = {"subject": "pipeline:prod", "predicate": "pipeline_status", "object": "running", "single_valued": True}
+    client, ledger, fake = make(tmp_path, lambda led: put(led, row("f0", "t/red/v", scope="fleet", **fact)))
+    _, key = ledger.create_key("agent", "t", "blue", "x", 1)  # fleet blue: red's fleet facts are another partition
+    r = add(client, key, mw_scope="fleet", mw_subject="pipeline:prod", mw_predicate="pipeline_status", mw_object="paused")
+    assert r.status_code == 200, r.text
+    rows = ledger.get_rows("mem0", "default", ["f0", "n1"])
+    assert rows["f0"].status == "active" and rows["n1"].status == "active" and rows["n1"].supersedes is None
 
 
 def test_a_parent_deleted_during_the_call_does_not_leave_a_live_child(tmp_path: Path) -> None:

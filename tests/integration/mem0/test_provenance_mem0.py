@@ -163,22 +163,24 @@ def test_superseded_memories_are_hidden_unless_asked_for(mem0_stack: Mem0Stack, 
     assert active is not None and active.row_id == s2
 
 
-def test_superseding_needs_update_on_the_current_fact(mem0_stack: Mem0Stack, world: World, ledger: SQLiteLedger) -> None:
+def test_supersession_is_per_partition_and_no_oracle(mem0_stack: Mem0Stack, world: World, ledger: SQLiteLedger) -> None:
+    """Before, blue (who cannot read w's fleet fact) and peer (who can, but may not update it) both got 403
+    where an unused (subject, predicate) answered 200, and w held the fact for the tenant."""
     user = "u-" + uuid.uuid4().hex[:8]
     with mem0_stack.http(world.keys["w"]) as h:
         current = added_id(fact(h, user, "green", subject="release-7", predicate="pipeline_status"))
-    answers = []
-    for who in ("peer", "blue"):  # peer reads the fact but may not update it; blue cannot even read it
-        with mem0_stack.http(world.keys[who]) as h:
-            r = fact(h, user, "red", subject="release-7", predicate="pipeline_status")
-            answers.append((r.status_code, r.json()))
-            assert listed(h, user, include_superseded="true") == ({current} if who == "peer" else set())
-    assert answers[0][0] == 403 and answers[0] == answers[1], answers
-    with mem0_stack.http(world.keys["w"]) as h:
-        assert h.get(f"/memories/{current}").status_code == 200
-        assert listed(h, user, include_superseded="true") == {current}
-    active = ledger.active_fact("mem0", world.name, "release-7", "pipeline_status")
-    assert active is not None and active.row_id == current
+    with mem0_stack.http(world.keys["blue"]) as h:  # another fleet: another partition, the same answer as for a new pair
+        theirs = added_id(fact(h, user, "red", subject="release-7", predicate="pipeline_status"))
+        assert fact(h, user, "red", subject="release-never", predicate="pipeline_status").status_code == 200
+        assert listed(h, user, include_superseded="true") >= {theirs} and current not in listed(h, user, include_superseded="true")
+    with mem0_stack.http(world.keys["peer"]) as h:  # w's fleet: one partition, peer reads w's fact and replaces it
+        newer = added_id(fact(h, user, "amber", subject="release-7", predicate="pipeline_status"))
+        assert current not in listed(h, user) and newer in listed(h, user)
+        assert h.get(f"/memories/{newer}").json()["metadata"]["mw_supersedes_id"] == current
+    assert ledger.get_rows("mem0", COLL, [current])[current].status == "superseded"
+    assert ledger.get_rows("mem0", COLL, [theirs])[theirs].status == "active"
+    assert ledger.active_fact("mem0", world.name, "release-7", "pipeline_status", collection=COLL,
+                              partition=f"fleet:{world.name}/{world.fleets['w']}").row_id == newer
 
 
 def test_concurrent_contradicting_writes_leave_exactly_one_active(mem0_stack: Mem0Stack, world: World,
@@ -242,9 +244,12 @@ def test_forgotten_content_is_refused_only_to_who_could_read_it(mem0_stack: Mem0
 def test_supersession_links_only_to_readable_memories(mem0_stack: Mem0Stack, world: World) -> None:
     user = "u-" + uuid.uuid4().hex[:8]
     with mem0_stack.http(world.keys["w"]) as h:
-        f1 = added_id(fact(h, user, "team-a", subject="svc-billing", predicate="owner", mw_scope="agent"))
-        f2 = added_id(fact(h, user, "team-b", subject="svc-billing", predicate="owner"))  # fleet scope
+        f1 = added_id(fact(h, user, "team-a", subject="svc-billing", predicate="owner"))
+        f2 = added_id(fact(h, user, "team-b", subject="svc-billing", predicate="owner"))  # one fleet partition
         assert h.get(f"/memories/{f2}").json()["metadata"]["mw_supersedes_id"] == f1
+        # the superseded f1 is taken out of peer's sight (its owner re-scopes it to itself)
+        assert h.put(f"/memories/{f1}", json={"metadata": {"mw_scope": "agent"}}).status_code == 200
+        assert h.get(f"/memories/{f1}", params={"include_superseded": "true"}).json()["metadata"]["mw_superseded_by"] == f2
     with mem0_stack.http(world.keys["peer"]) as h:
         meta = h.get(f"/memories/{f2}").json()["metadata"]
         assert "mw_supersedes_id" not in meta and f1 not in str(meta)
@@ -253,12 +258,9 @@ def test_supersession_links_only_to_readable_memories(mem0_stack: Mem0Stack, wor
                                              "threshold": 0.0}).json()["results"]):
             assert [r["id"] for r in rows] == [f2] and f1 not in str(rows)
         assert h.get(f"/memories/{f1}", params={"include_superseded": "true"}).status_code == 404
+        f3 = added_id(fact(h, user, "team-c", subject="svc-billing", predicate="owner"))
     with mem0_stack.http(world.keys["w"]) as h:
-        f3 = added_id(fact(h, user, "team-c", subject="svc-billing", predicate="owner", mw_scope="agent"))
         assert h.get(f"/memories/{f2}", params={"include_superseded": "true"}).json()["metadata"]["mw_superseded_by"] == f3
-    with mem0_stack.http(world.keys["peer"]) as h:
-        meta = h.get(f"/memories/{f2}", params={"include_superseded": "true"}).json()["metadata"]
-        assert "mw_superseded_by" not in meta and "mw_supersedes_id" not in meta
 
 
 def test_provenance_and_triples_are_write_once(mem0_stack: Mem0Stack, world: World, ledger: SQLiteLedger) -> None:
