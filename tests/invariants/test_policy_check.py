@@ -51,10 +51,10 @@ def test_default_policies_prove_everything(tmp_path: Path) -> None:
     invs = {i for i, _ in statuses}
     assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
                     "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant",
-                    "deployment-operator-only"}
-    # every schema action is covered, tenant isolation and never-errors on all twelve
-    actions = {"read", "write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin",
-               "configure", "reset", "manage_tenants"}
+                    "deployment-operator-only", "supersede-scope"}
+    # every schema action is covered, tenant isolation and never-errors on all thirteen
+    actions = {"read", "write", "update", "delete", "supersede", "redistribute", "search", "delete_bulk", "list",
+               "admin", "configure", "reset", "manage_tenants"}
     assert {a for i, a in statuses if i == "deployment-operator-only"} == {"configure", "reset", "manage_tenants"}
     assert {a for i, a in statuses if i == "tenant-isolation"} == actions
     assert {a for i, a in statuses if i == "never-errors"} == actions
@@ -72,6 +72,7 @@ BROKEN = [
     ("like-other-tenants", "tenant-isolation", "read"),
     ("in-missing-parents", "inv-scope", "read"),
     ("tenant-admin-configures", "deployment-operator-only", "configure"),
+    ("supersede-any-fact", "supersede-scope", "supersede"),
 ]
 
 
