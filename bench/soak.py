@@ -185,6 +185,9 @@ class World:
     collections: dict[str, str] = field(default_factory=dict)  # tenant -> collection uuid (Chroma)
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # acknowledged writes by row id
     deleted: dict[str, float] = field(default_factory=dict)  # acknowledged deletes: row id -> ack time
+    # every delete sent, whatever the answer: the tombstone commits before the backend is called, so a
+    # delete answered 502 (backend down) may have taken effect; such rows are neither lost nor expected
+    attempted: set[str] = field(default_factory=set)
     by_tenant: dict[str, list[str]] = field(default_factory=dict)  # every id written (acked or not)
 
     def ledger(self) -> Any:
@@ -207,8 +210,8 @@ def provision(profile: str, sidecar: Server, ledger_args: dict[str, Any], tenant
             if profile == "chroma":
                 with httpx.Client(base_url=sidecar.url, headers={"X-API-Key": admin}, timeout=30, trust_env=False) as h:
                     h.post("/api/v2/tenants", json={"name": t}).raise_for_status()
-                    h.post(f"/api/v2/tenants/{t}/databases", json={"name": "db"}).raise_for_status()
-                    r = h.post(f"/api/v2/tenants/{t}/databases/db/collections", json={"name": "soak"})
+                    h.post(f"/api/v2/tenants/{t}/databases", json={"name": "soakdb"}).raise_for_status()
+                    r = h.post(f"/api/v2/tenants/{t}/databases/soakdb/collections", json={"name": "soak"})
                     r.raise_for_status()
                     world.collections[t] = r.json()["id"]
     finally:
@@ -228,6 +231,7 @@ class Event:
     served: list[str]
     texts: dict[str, Any]
     rows_in_error: bool = False
+    message: str = ""
     own_expected: list[str] = field(default_factory=list)  # for get-by-own-ids: acked live rows asked for
 
 
@@ -245,10 +249,10 @@ class Workload:
         self.n = 0
 
     def _path(self, tenant: str, op: str) -> str:
-        return f"/api/v2/tenants/{tenant}/databases/db/collections/{self.w.collections[tenant]}/{op}"
+        return f"/api/v2/tenants/{tenant}/databases/soakdb/collections/{self.w.collections[tenant]}/{op}"
 
     def _own_live(self, who: Who) -> list[str]:
-        return [i for i, m in self.w.written.items() if m["owner"] == who.name and i not in self.w.deleted]
+        return [i for i, m in self.w.written.items() if m["owner"] == who.name and i not in self.w.attempted]
 
     async def one(self, client: httpx.AsyncClient) -> None:
         who = self.rnd.choice(self.w.who)
@@ -286,6 +290,7 @@ class Workload:
         if status >= 500 or status < 0:
             ev.rows_in_error = isinstance(payload, (dict, list)) and not (
                 isinstance(payload, dict) and set(payload) <= {"error", "message"})
+            ev.message = str(payload.get("message"))[:80] if isinstance(payload, dict) else ""
         self.events.append(ev)
         return ev, payload
 
@@ -319,6 +324,7 @@ class Workload:
 
     async def _delete(self, client: httpx.AsyncClient, who: Who) -> None:
         rid = self.rnd.choice(self._own_live(who))
+        self.w.attempted.add(rid)
         if self.w.profile == "chroma":
             ev, payload = await self._call(client, who, "delete", "POST", self._path(who.tenant, "delete"), {"ids": [rid]})
             ok = ev.status == 200 and isinstance(payload, dict) and payload.get("deleted") == 1
@@ -345,7 +351,7 @@ class Workload:
                 self._record_rows(ev, [(payload.get("id"), payload.get("memory"))])
             ids = [rid]
         # own acknowledged rows not deleted by the end of the request must all be served (no partial answer)
-        ev.own_expected = [i for i in ids if i in own and i not in self.w.deleted]
+        ev.own_expected = [i for i in ids if i in own and i not in self.w.attempted]
 
     async def _search(self, client: httpx.AsyncClient, who: Who) -> None:
         if self.w.profile == "chroma":
@@ -439,24 +445,34 @@ def check(world: World, work: Workload, windows: list[dict[str, Any]]) -> dict[s
             for tenant in world.by_tenant:
                 rows.update({k: v for k, v in led.get_rows("chroma", coll[tenant], sorted(set().union(*all_ids.values()))).items()
                              if k not in rows})
+        own_ids = {i for ev in work.events for i in ev.own_expected}
+        for tenant in world.by_tenant:
+            c = coll[tenant] if world.profile == "chroma" else "default"
+            rows.update({k: v for k, v in led.get_rows(world.profile, c, sorted(own_ids)).items() if k not in rows})
         owners = led.agent_entities({r.owner for r in rows.values()})
         decided: dict[tuple[str, str], bool] = {}
+
+        def readable(who_name: str, rid: str) -> bool:
+            """The oracle: Cedar `read` (the sidecar's policy set) on the ledger's row, judged as it was, live."""
+            key = (who_name, rid)
+            if key not in decided:
+                row = rows.get(rid)
+                if row is None:
+                    return False
+                active = dataclasses.replace(row, status="active")
+                ents = row_entities(principals[who_name].principal, [active], owners)
+                decided[key] = engine.decide([CedarRequest(principals[who_name].principal.uid, "read", active.uid)], ents)[0].allowed
+            return decided[key]
         unreadable = deleted_served = unknown = mismatched = 0
         examples: list[str] = []
         for ev in work.events:
-            who = principals[ev.who]
             for rid in ev.served:
                 row = rows.get(rid)
                 if row is None:
                     unknown += 1
                     examples.append(f"{ev.who} served {rid}, which the ledger does not know")
                     continue
-                key = (ev.who, rid)
-                if key not in decided:
-                    active = dataclasses.replace(row, status="active")  # judged as it was, live
-                    ents = row_entities(who.principal, [active], owners)
-                    decided[key] = engine.decide([CedarRequest(who.principal.uid, "read", active.uid)], ents)[0].allowed
-                if not decided[key]:
+                if not readable(ev.who, rid):
                     unreadable += 1
                     examples.append(f"{ev.who} was served {rid} ({row.scope}, owner {row.owner}) it may not read")
                 if rid in tomb and tomb[rid] < ev.t0:
@@ -467,7 +483,7 @@ def check(world: World, work: Workload, windows: list[dict[str, Any]]) -> dict[s
                     mismatched += 1
         # acknowledged writes and deletes, at the end
         lost = []
-        live = {i: m for i, m in world.written.items() if i not in world.deleted}
+        live = {i: m for i, m in world.written.items() if i not in world.attempted}
         for tenant in world.by_tenant:
             c = coll[tenant] if world.profile == "chroma" else "default"
             ids = [i for i, m in live.items() if m["tenant"] == tenant]
@@ -482,10 +498,14 @@ def check(world: World, work: Workload, windows: list[dict[str, Any]]) -> dict[s
         return next((w for w in windows if w["start"] - 0.5 <= t <= w["end"] + GRACE_S), None)
 
     status = Counter(ev.status for ev in work.events)
-    sidecar_5xx = [ev for ev in work.events if (ev.status >= 500 or ev.status < 0) and in_fault(ev.t0) is None
-                   and in_fault(ev.t1) is None]
+    outside = [ev for ev in work.events if (ev.status >= 500 or ev.status < 0) and in_fault(ev.t0) is None
+               and in_fault(ev.t1) is None]
+    # 500 (and 503) are the sidecar's own failures; 502/504 report the backend's (down, 5xx, timeout)
+    sidecar_5xx = [ev for ev in outside if ev.status in (500, 503) or ev.status < 0]
+    backend_5xx = [ev for ev in outside if ev.status in (502, 504)]
     partial = [ev for ev in work.events if ev.status == 200 and ev.own_expected
-               and [i for i in ev.own_expected if i not in ev.served and not (i in tomb and tomb[i] <= ev.t1)]]
+               and [i for i in ev.own_expected if i not in ev.served and not (i in tomb and tomb[i] <= ev.t1)
+                    and readable(ev.who, i)]]
     per_fault = []
     for w in windows:
         during = [ev for ev in work.events if w["start"] <= ev.t0 <= w["end"]]
@@ -505,41 +525,63 @@ def check(world: World, work: Workload, windows: list[dict[str, Any]]) -> dict[s
         "acknowledged_writes": len(world.written), "acknowledged_deletes": len(world.deleted),
         "unreadable_rows_served": unreadable, "deleted_rows_served": deleted_served,
         "unknown_rows_served": unknown, "text_mismatches": mismatched,
-        "sidecar_5xx_outside_faults": len(sidecar_5xx), "error_bodies_with_rows": sum(ev.rows_in_error for ev in work.events),
+        "sidecar_5xx_outside_faults": len(sidecar_5xx), "backend_5xx_outside_faults": len(backend_5xx),
+        "error_bodies_with_rows": sum(ev.rows_in_error for ev in work.events),
         "partial_answers": len(partial), "acknowledged_writes_lost": len(lost) + len(served_back["missing"]),
         "acknowledged_deletes_not_tombstoned": len(undeleted),
         "acknowledged_deletes_served_at_end": served_back["deleted_served"],
-        "faults": per_fault, "examples": examples[:10],
-        "sidecar_5xx_examples": [(ev.op, ev.status, round(ev.t0 - work.events[0].t0, 1)) for ev in sidecar_5xx[:10]],
+        "faults": per_fault,
+        "examples": examples[:10] + [f"lost: {i} {world.written[i]}" for i in (lost + served_back["missing"])[:5]]
+        + [f"partial: {ev.who} {ev.op} at {ev.t0 - work.events[0].t0:.1f} s asked {ev.own_expected}, served {ev.served}"
+           for ev in partial[:5]],
+        "sidecar_5xx_examples": [(ev.op, ev.status, round(ev.t0 - work.events[0].t0, 1), ev.message)
+                                 for ev in (sidecar_5xx + backend_5xx)[:10]],
+        "lost_detail": lost_detail(world, lost + served_back["missing"], windows),
     }
 
 
+def lost_detail(world: World, ids: list[str], windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the lost acknowledged writes are: in the ledger (status) and in the backend itself (read
+    directly, around the sidecar), and how long before the first fault's injection they were acknowledged."""
+    if not ids:
+        return {}
+    led = world.ledger()
+    try:
+        status = Counter()
+        for tenant in world.by_tenant:
+            c = world.collections.get(tenant, "default") if world.profile == "chroma" else "default"
+            mine = [i for i in ids if world.written[i]["tenant"] == tenant]
+            got = led.get_rows(world.profile, c, mine)
+            status.update(got[i].status if i in got else "absent" for i in mine)
+    finally:
+        led.close()
+    injected = windows[0]["injected"] if windows else None
+    before = sorted(round(injected - world.written[i]["acked"], 3) for i in ids) if injected else []
+    return {"ledger": dict(status), "acked_before_first_fault_s": before[:20]}
+
+
 def final_reads(world: World, live: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """After the soak: every acknowledged live row is served to its owner; no acknowledged delete is served
-    to the tenant's admin."""
+    """After the soak, as each tenant's admin (tenant-wide reader): every acknowledged live row is served,
+    no acknowledged delete is."""
     missing: list[str] = []
     deleted_served = 0
     by = {w.name: w for w in world.who}
     with httpx.Client(base_url=world.sidecar.url, timeout=60, trust_env=False) as h:
-        for owner in sorted({m["owner"] for m in live.values()}):
-            who = by[owner]
-            ids = [i for i, m in live.items() if m["owner"] == owner]
-            if world.profile == "chroma":
-                path = f"/api/v2/tenants/{who.tenant}/databases/db/collections/{world.collections[who.tenant]}/get"
-                got = set(h.post(path, json={"ids": ids}, headers={"X-API-Key": who.key}).json()["ids"])
-            else:
-                got = {i for i in ids if h.get(f"/memories/{i}", headers={"X-API-Key": who.key}).status_code == 200}
-            missing += [i for i in ids if i not in got]
         for tenant in world.by_tenant:
             admin = by[f"{tenant}/admin"]
-            ids = [i for i, m in world.written.items() if m["tenant"] == tenant and i in world.deleted]
-            if not ids:
-                continue
-            if world.profile == "chroma":
-                path = f"/api/v2/tenants/{tenant}/databases/db/collections/{world.collections[tenant]}/get"
-                deleted_served += len(h.post(path, json={"ids": ids}, headers={"X-API-Key": admin.key}).json()["ids"])
-            else:
-                deleted_served += sum(h.get(f"/memories/{i}", headers={"X-API-Key": admin.key}).status_code == 200 for i in ids)
+            for ids, gone in (([i for i, m in live.items() if m["tenant"] == tenant], False),
+                              ([i for i, m in world.written.items() if m["tenant"] == tenant and i in world.deleted], True)):
+                if not ids:
+                    continue
+                if world.profile == "chroma":
+                    path = f"/api/v2/tenants/{tenant}/databases/soakdb/collections/{world.collections[tenant]}/get"
+                    got = set(h.post(path, json={"ids": ids}, headers={"X-API-Key": admin.key}).json()["ids"])
+                else:
+                    got = {i for i in ids if h.get(f"/memories/{i}", headers={"X-API-Key": admin.key}).status_code == 200}
+                if gone:
+                    deleted_served += len(got)
+                else:
+                    missing += [i for i in ids if i not in got]
     return {"missing": missing, "deleted_served": deleted_served}
 
 
@@ -581,9 +623,9 @@ def run(profile: str, kind: str, clients: int, seconds: float, root: Path) -> di
         world = provision(profile, sidecar, ledger_args)
         restart_wait = 4.0 if profile == "chroma" else 2.0
         if kind == "pg":
-            faults = [(seconds * 0.2, f"{profile} killed and restarted", backend.kill,
+            faults = [(seconds * 0.15, f"{profile} killed and restarted", backend.kill,
                        lambda: (time.sleep(restart_wait), backend.restart())),
-                      (seconds * 0.6, "PostgreSQL restarted", pg.restart if pg else (lambda: None), lambda: time.sleep(1.0))]
+                      (seconds * 0.75, "PostgreSQL restarted", pg.restart if pg else (lambda: None), lambda: time.sleep(1.0))]
         else:
             faults = [(seconds * 0.3, "ledger disk full", fs.fill if fs else (lambda: None),
                        lambda: (time.sleep(seconds * 0.2), fs.free() if fs else None))]
@@ -611,7 +653,7 @@ def report(r: dict[str, Any]) -> None:
     print(f"requests {r['requests']}  statuses {r['statuses']}  rows served {r['rows_served']}")
     print(f"acknowledged: {r['acknowledged_writes']} writes, {r['acknowledged_deletes']} deletes")
     for k in ("unreadable_rows_served", "deleted_rows_served", "unknown_rows_served", "text_mismatches",
-              "sidecar_5xx_outside_faults", "error_bodies_with_rows", "partial_answers", "acknowledged_writes_lost",
+              "sidecar_5xx_outside_faults", "backend_5xx_outside_faults", "error_bodies_with_rows", "partial_answers", "acknowledged_writes_lost",
               "acknowledged_deletes_not_tombstoned", "acknowledged_deletes_served_at_end", "sidecar_restarted"):
         print(f"  {k:40s} {r[k]}")
     for f in r["faults"]:
@@ -620,6 +662,8 @@ def report(r: dict[str, Any]) -> None:
               f"first success {f['recovered_after_s']} s after it ended")
     for e in r["examples"] + [str(x) for x in r["sidecar_5xx_examples"]]:
         print(f"    e.g. {e}")
+    if r["lost_detail"]:
+        print(f"  lost writes: {r['lost_detail']}")
 
 
 def main() -> int:
