@@ -80,3 +80,52 @@ def test_length() -> None:
         c.check_length(["11"], 10)
     with pytest.raises(BadRequest):
         c.check_length(["-1"], 10)
+
+
+# -- request targets and JSON limits (hardening round 2) ----------------------------------------------
+
+@pytest.mark.parametrize("target", [b"http://other/api/v2/x", b"*", b"example.com:443", b"/api/v2/x#frag",
+                                    b"/api/v2/x?a=1#frag"])
+def test_only_origin_form_targets_without_fragment(target: bytes) -> None:
+    with pytest.raises(BadRequest):
+        c.check_target(target)
+
+
+def test_origin_form_targets_pass_and_unknown_targets_are_not_checked() -> None:
+    c.check_target(b"/api/v2/x?a=1")
+    c.check_target(None)  # a server that does not pass the raw target
+    with pytest.raises(BadRequest):
+        c.canonical_query(b"a=1#frag")  # h11 leaves the fragment in the query string
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_json_depth_limit_is_exact_and_deep_documents_never_recurse_out() -> None:
+    assert c.parse_json_body(nested(32), None, max_depth=32) is not None
+    for depth in (33, 5000, 200_000):
+        with pytest.raises(BadRequest, match="MEMWARDEN_MAX_JSON_DEPTH"):
+            c.parse_json_body(nested(depth), None, max_depth=32)
+
+
+@pytest.mark.parametrize("body,names", [
+    (b'{"x": 1e999}', "finite"), (b'{"x": -1e400}', "finite"), (b'{"x": NaN}', "NaN"), (b'{"x": -Infinity}', "Infinity"),
+    (b'{"x": 9223372036854775808}', "64-bit"), (b'{"x": -9223372036854775809}', "64-bit"), (b'{"x": 1' + b"0" * 5000 + b"}", "64-bit"),
+    (b'{"x": "\\ud800"}', "surrogate"), (b'{"\\udc00": 1}', "surrogate"), (b'["ok", "\\ud83d"]', "surrogate"),
+])
+def test_numbers_and_strings_json_cannot_carry_are_refused(body: bytes, names: str) -> None:
+    with pytest.raises(BadRequest, match=names):
+        c.parse_json_body(body, None)
+
+
+def test_edge_values_that_are_valid_pass() -> None:
+    value = c.parse_json_body(b'{"a": -9223372036854775808, "b": 9223372036854775807, "c": 1.7976931348623157e308,'
+                                         b' "d": "\\ud83d\\ude00"}', None)
+    assert value == {"a": -(2 ** 63), "b": 2 ** 63 - 1, "c": 1.7976931348623157e308, "d": "\U0001F600"}
+
+
+def test_filter_size_counts_conditions_at_every_depth() -> None:
+    c.check_filter_size({"$and": [{"k": {"$eq": 1}}] * 10}, "where", 64)
+    with pytest.raises(BadRequest, match="MEMWARDEN_MAX_FILTER_CLAUSES"):
+        c.check_filter_size({"$or": [{"k": {"$in": list(range(40))}}]}, "where", 32)
