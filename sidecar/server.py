@@ -4,7 +4,9 @@ uvicorn (0.2x–0.5x) bounds only the idle time *between* requests of a kept-ali
 (``timeout_keep_alive``, armed after a response) and the number of connections+tasks answered 503
 (``limit_concurrency``, which still accepts the connection and counts idle sockets against working
 ones). It has no deadline for a connection that never sends a byte, for the request line and headers,
-or for the body, so slow or half-open clients hold file descriptors for ever. `guarded_protocol`
+or for the body (uvicorn issue #157 lists ``--timeout-request-start``/``--timeout-request-complete`` as
+not built; ``timeout_keep_alive`` is reset by every byte received), so slow or half-open clients hold
+file descriptors for ever. `guarded_protocol`
 returns a subclass of `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` adding, per
 connection (all times in seconds, from `Settings`):
 
