@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     ledger_migrate_on_start: bool = Field(
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
     policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
+    invariants_dir: Path | None = Field(
+        default=None, description="extra invariants (*.cedar) pinned from another source (e.g. a second ConfigMap), "
+        "checked with the package's baseline and the policy directory's own invariants/")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="request body limit, bytes (413 above)")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",

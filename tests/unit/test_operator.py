@@ -315,10 +315,14 @@ def _configmap_layout(root: Path, version: str, source: Path) -> None:
     tmp_link = root / "..data_tmp"
     tmp_link.symlink_to(version)
     tmp_link.rename(root / "..data")  # atomic swap, as the kubelet does
-    for entry in source.iterdir():
-        link = root / entry.name
+    names = {entry.name for entry in source.iterdir()}
+    for link in root.iterdir():
+        if link.is_symlink() and not link.name.startswith("..") and link.name not in names:
+            link.unlink()  # the kubelet removes the links of keys that left the ConfigMap
+    for name in names:
+        link = root / name
         if not link.is_symlink():
-            link.symlink_to(Path("..data") / entry.name)
+            link.symlink_to(Path("..data") / name)
 
 
 def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_path: Path) -> None:
@@ -330,6 +334,7 @@ def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_pat
     assert handle.reload() == "unchanged"
     update = tmp_path / "update"
     shutil.copytree(POLICIES, update)
+    (update / "invariants").mkdir()
     shutil.copy(BROKEN, update / "invariants" / "zz-broken-policy-as-invariant.cedar")  # only invariants/ changes
     _configmap_layout(mounted, "..2026_02", update)
     assert handle.reload() in ("invalid", "invariant_violation")  # the change below a symlinked dir is seen
