@@ -70,9 +70,8 @@ class Settings(BaseSettings):
     # -- operator features (probes, metrics, reload, shadow mode, decision-log sinks) ------------
     policy_watch_interval_s: float = Field(
         default=2.0, ge=0, description="seconds between checks of policies_dir for changes; 0 = no watching (SIGHUP still reloads)")
-    policy_reload_check: bool = Field(
-        default=True, description="a reloaded policy set must pass policy-check (invariants + policy tests) before it is applied")
-    policy_check_timeout_s: float = Field(default=120.0, gt=0, description="seconds policy-check may take on a reload")
+    policy_check_timeout_s: float = Field(
+        default=120.0, gt=0, description="seconds the policy check may take, at start-up and on a reload")
     shadow_mode: bool = Field(default=False, description="dry run: log Cedar denials but forward as if allowed")
     shadow_mode_confirm: str = Field(default="", description="must be 'decisions-are-not-enforced' when shadow_mode is on")
     decision_log_sink: Literal["stdout", "file"] = Field(default="stdout", description="where JSON log lines go")

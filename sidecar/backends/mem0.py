@@ -505,11 +505,11 @@ class Mem0Profile:
         try:
             result = await self._call("GET", ["memories", mid])
         except BackendClientError as exc:
-            if exc.status == 404:
-                raise NotFound(NOT_FOUND) from exc
+            if exc.status == 404:  # readable by policy, missing in Mem0: not an access decision
+                raise NotFound(NOT_FOUND, reason="backend_not_found", decision="error") from exc
             raise
         if result is None:  # Mem0 answers 200 null for a missing id
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="backend_not_found", decision="error")
         if not isinstance(result, dict) or result.get("id") != mid:
             raise UpstreamError("unexpected backend answer")
         self._decorate(ex, [result])
@@ -784,7 +784,7 @@ class Mem0Profile:
             ex.action, ex.decision = "delete", "deny"
             if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
                 raise Forbidden("delete is not permitted")
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
         ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
         await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
@@ -838,7 +838,7 @@ class Mem0Profile:
 
     async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         ex.action = "admin"
-        raise Forbidden("this operation is not available through memwarden")
+        raise Forbidden("this operation is not available through memwarden", reason="blocked_route")
 
     async def reconcile(self) -> int:
         """Retry Mem0 deletes of tombstones not yet confirmed (deletion closures included), then look for
@@ -874,6 +874,6 @@ class Mem0Profile:
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""
         if ex.query.get("collection", self.coll) != self.coll:
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="unknown_collection")
         self._require(ex, "list")
         return self.coll
