@@ -1,14 +1,18 @@
 """Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``), a .env
 file, or a TOML config file named by ``MEMWARDEN_CONFIG_FILE`` (keys = option names in lower case).
-Precedence: constructor arguments > environment > .env > config file > defaults."""
+Precedence: constructor arguments > environment > .env > config file > defaults.
+
+`load_settings` is how the command line builds them: an unknown ``MEMWARDEN_*`` environment variable,
+an unknown config-file key or a bad value raises `ConfigError`, whose message is one line naming the
+key (never the value: it may be a credential)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, HttpUrl, model_validator
+from pydantic import Field, HttpUrl, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
@@ -109,3 +113,56 @@ class Settings(BaseSettings):
             raise ValueError("MEMWARDEN_SHADOW_MODE=true is refused unless "
                              "MEMWARDEN_SHADOW_MODE_CONFIRM=decisions-are-not-enforced")
         return self
+
+
+ENV_PREFIX = "MEMWARDEN_"
+# Variables of the MEMWARDEN_ namespace that are no setting but are read before the settings are.
+NOT_SETTINGS = frozenset({"MEMWARDEN_CONFIG_FILE"})
+# Settings that existed once: named with what replaced them.
+REMOVED = {
+    "MEMWARDEN_POLICY_RELOAD_CHECK": "removed: every policy set passes the policy check, at start-up and on reload",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration the sidecar refuses; the message is one line naming the key."""
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        where = os.environ.get("MEMWARDEN_CONFIG_FILE")
+        return f"unknown configuration key {loc!r}" + (f" in {where}" if where else "") + " (not a memwarden setting)"
+    if not loc:
+        return msg
+    name = loc.split(".")[0]
+    return f"{name} ({env_name(name)}): {msg}"
+
+
+def unknown_environment(environ: dict[str, str] | None = None) -> list[str]:
+    """``MEMWARDEN_*`` variables (any case, as pydantic-settings reads them) that name no setting."""
+    env = os.environ if environ is None else environ
+    known = {env_name(f) for f in Settings.model_fields} | NOT_SETTINGS
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """`Settings` from the environment, .env and config file, with `overrides` (command-line options).
+    Raises `ConfigError` (one line) for an unknown ``MEMWARDEN_*`` variable, an unknown config-file key,
+    a missing config file or a bad value."""
+    unknown = unknown_environment()
+    if unknown:
+        name = unknown[0].upper()
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ConfigError(f"environment variable {unknown[0]}: {REMOVED.get(name, 'not a memwarden setting')}{more}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None

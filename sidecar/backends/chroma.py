@@ -522,7 +522,7 @@ class ChromaProfile:
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):
             raise BadRequest("where must be an object")
-        return and_where(client_where, visibility_where(self._p(ex), mode or self.settings.pushdown))
+        return and_where(client_where, visibility_where(self._p(ex), mode or self.authz.pushdown(self.settings.pushdown)))
 
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,

@@ -694,7 +694,8 @@ class Mem0Profile:
 
     def _search_filters(self, p: Principal, f: Filter) -> dict[str, Any]:
         """Mem0 ``filters``: the client's conditions AND the caller's visibility (tenant always; the scope
-        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope and the client used no ``OR``)."""
+        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
+        used no ``OR``)."""
         out: dict[str, Any] = dict(f.identity_eq)
         if not any(k in out for k in IDENTITY):
             out["agent_id"] = "*"  # Mem0 requires one entity key; "*" constrains nothing
@@ -702,7 +703,7 @@ class Mem0Profile:
         out["mw_tenant"] = p.tenant
         if f.any_of is not None:
             out["OR"] = f.any_of
-        elif self.settings.pushdown == "scope" and p.kind == "agent":
+        elif self.authz.pushdown(self.settings.pushdown) == "scope" and p.kind == "agent":
             me = p.uid[1]
             fleet: dict[str, Any] = {"mw_scope": "fleet"} if p.trust >= 2 else {"mw_scope": "fleet", "mw_fleet": p.fleet}
             out["OR"] = [{"mw_scope": "agent", "mw_owner": me}, fleet, {"mw_scope": "tenant"},

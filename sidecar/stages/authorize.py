@@ -16,7 +16,7 @@ import structlog
 
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
-from sidecar.governance import Row, fleet_entity, row_entities
+from sidecar.governance import Principal, Row, fleet_entity, row_entities
 from sidecar.ledger import Ledger
 from sidecar.policy import CedarRequest, Decision
 
@@ -38,6 +38,12 @@ class Authorizer:
     def __init__(self, policy: "PolicyHandle", ledger: Ledger) -> None:
         self.policy = policy
         self.ledger = ledger
+
+    def pushdown(self, configured: str) -> str:
+        """The visibility filter to send to the backend: `configured` (``scope`` or ``tenant``), widened to
+        ``tenant`` in shadow mode, so every row of the tenant that enforcement would hide reaches Cedar and
+        is served and logged as a would-deny instead of never being fetched."""
+        return "tenant" if getattr(self.policy, "shadow", False) else configured
 
     def decide(self, ex: Exchange, requests: list[CedarRequest], entities: list[dict[str, Any]]) -> list[Decision]:
         """Ask the PDP under the exchange's policy set and record every answer on `ex`."""
@@ -74,25 +80,20 @@ class Authorizer:
                         errors=[e for _, d in shadowed for e in d.errors][:5])
         return decisions
 
-    def require(self, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
-        """Request-level decision on `resource` (a Cedar JSON entity). Raises `Forbidden` unless Allow."""
-        assert ex.principal is not None
+    @staticmethod
+    def request_batch(p: Principal, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None
+                      ) -> tuple[list[CedarRequest], list[dict[str, Any]]]:
+        """The Cedar request and entity store of a request-level decision on `resource` (a Cedar JSON entity)."""
         uid = resource["uid"]
-        ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
-        entities = ex.principal.entities() + [resource] + list(extra or [])
-        decision = self.decide(ex, [CedarRequest(ex.principal.uid, action, (uid["type"], uid["id"]))], entities)[0]
-        if not decision.allowed:
-            ex.decision = "deny"
-            raise Forbidden(f"{action} is not permitted", reason=decision.reason)
-        ex.decision = "allow"
+        return [CedarRequest(p.uid, action, (uid["type"], uid["id"]))], p.entities() + [resource] + list(extra or [])
 
-    def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
-        """One batched decision of `action` per row (in order). `contexts` per row, optional."""
-        assert ex.principal is not None
-        if not rows:
-            return []
+    def row_batch(self, p: Principal, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None
+                  ) -> tuple[list[CedarRequest], list[dict[str, Any]]]:
+        """The Cedar requests (one per row, in order) and the shared entity store of a row decision: the
+        principal with its ancestors, the rows, their fleets, their owners as the ledger knows them, and
+        every fleet a context names (a redistribute's target) with its tenant."""
         owners = self.ledger.agent_entities({r.owner for r in rows})
-        entities = row_entities(ex.principal, rows, owners)
+        entities = row_entities(p, rows, owners)
         # Fleets named in a context (redistribute's target_fleet) with their tenant, so that policies
         # can test ``context.target_fleet in principal.tenant``; fleet ids are tenant-qualified.
         known = {(e["uid"]["type"], e["uid"]["id"]) for e in entities}
@@ -103,10 +104,26 @@ class Authorizer:
                     tenant, _, fleet = str(target.get("id")).partition("/")
                     entities.append(fleet_entity(tenant, fleet))
                     known.add(("Fleet", str(target.get("id"))))
-        requests = [
-            CedarRequest(ex.principal.uid, action, r.uid, contexts[i] if contexts else None) for i, r in enumerate(rows)
-        ]
-        return self.decide(ex, requests, entities)
+        requests = [CedarRequest(p.uid, action, r.uid, contexts[i] if contexts else None) for i, r in enumerate(rows)]
+        return requests, entities
+
+    def require(self, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
+        """Request-level decision on `resource` (a Cedar JSON entity). Raises `Forbidden` unless Allow."""
+        assert ex.principal is not None
+        uid = resource["uid"]
+        ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
+        decision = self.decide(ex, *self.request_batch(ex.principal, action, resource, extra))[0]
+        if not decision.allowed:
+            ex.decision = "deny"
+            raise Forbidden(f"{action} is not permitted", reason=decision.reason)
+        ex.decision = "allow"
+
+    def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
+        """One batched decision of `action` per row (in order). `contexts` per row, optional."""
+        assert ex.principal is not None
+        if not rows:
+            return []
+        return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
