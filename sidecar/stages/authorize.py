@@ -65,7 +65,7 @@ class Authorizer:
                 tally(ex.would_deny_reasons, d.reason)
                 ex.deny_policies.update(p for p in d.policies if p != "shadow-mode:would-deny")
                 if r.resource[0] == "Memory" and len(ex.would_deny_row_ids) < _CAP:
-                    ex.would_deny_row_ids.append(r.resource[1].rsplit(":", 1)[-1])
+                    ex.would_deny_row_ids.append(r.resource[1].split(":", 2)[-1])  # "<backend>:<collection>:<row id>"
         if errors:
             log.warning("cedar_evaluation_error", request_id=ex.request_id, actions=sorted({r.action for r in requests}),
                         count=errors, policies=sorted({p for d in decisions for p in d.error_policies}),
