@@ -70,7 +70,6 @@ def make_large(root: Path, n: int, seed: int = 4) -> Path:
     d = root / "large"
     d.mkdir()
     shutil.copy(POLICIES / "memwarden.cedarschema", d)
-    shutil.copytree(POLICIES / "invariants", d / "invariants")
     rng = random.Random(seed)
     default = (POLICIES / "default.cedar").read_text()
     body = [default] + [generated_policy(i, rng) for i in range(n - default.count("@id("))]

@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--mix", type=float, default=0.7, help="share of queries (the rest are get-by-id)")
-    ap.add_argument("--pg", default=os.environ.get("MEMWARDEN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    ap.add_argument("--pg", default=os.environ.get("MW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
                     help="URL of a database from which a fresh benchmark database is created")
     ap.add_argument("--sqlite-baseline", action="store_true", help="also run 1 replica on an SQLite ledger")
     ap.add_argument("--json", type=Path, help="write the results here")

@@ -19,7 +19,11 @@ of the policies, DESIGN.md §3).  Each policy in it is one invariant; ``@id`` na
     Declares that the actions in scope are deliberately not covered by any invariant.
 
 Every action of the schema must be covered by a ``bound`` or ``monotone`` invariant or
-be declared ``unconstrained``; otherwise the check reports it (status UNCOVERED).
+be declared ``unconstrained``; otherwise the check reports it (status UNCOVERED).  An
+``unconstrained`` declaration only counts for coverage: it never exempts an action from an
+invariant that covers it.  An invariant named in ``required`` that applies to no action of the
+schema (e.g. after a schema change removed what it talks about) is reported VACUOUS, a failure:
+an invariant that checks nothing is never counted as holding.
 
 "Schema-valid request": principal and resource types allowed by the action's
 ``appliesTo``, principal and resource present in the entity store, context of the
@@ -90,7 +94,7 @@ def actions_of(schema: Schema, sc: Any) -> list[str]:
 @dataclass
 class CheckResult:
     """One invariant × action.  ``status``: PROVED, VIOLATED, UNKNOWN, DISAGREE (model and
-    Cedar disagree on the counterexample: a translator bug) or UNCOVERED.  ``seconds`` is
+    Cedar disagree on the counterexample: a translator bug), UNCOVERED or VACUOUS.  ``seconds`` is
     solver time summed over the request environments."""
 
     invariant: str
@@ -301,9 +305,11 @@ def _merge(inv: Invariant, action: str, parts: list[_EnvCheck]) -> CheckResult:
 
 
 def check_invariants(schema: Schema, schema_text: str | None, policies: list[Policy], invs: list[Invariant],
-                     timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+                     timeout_s: float = DEFAULT_TIMEOUT_S, required: frozenset[str] | set[str] = frozenset()
+                     ) -> list[CheckResult]:
     """Check every invariant on every action it covers, then coverage of the schema's
-    actions.  Returns one ``CheckResult`` per invariant × action (+ UNCOVERED rows)."""
+    actions.  Returns one ``CheckResult`` per invariant × action (+ UNCOVERED rows, + a VACUOUS
+    row for each invariant id in ``required`` that applies to no request of the schema)."""
     solve = _Solve(timeout_s)
     checkable = [i for i in invs if i.kind != "unconstrained"]
     per: dict[tuple[str, str], list[_EnvCheck]] = {}
@@ -332,6 +338,12 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
         if a not in covered:
             results.append(CheckResult("coverage", a, "UNCOVERED", 0.0,
                                        f"action {a} is covered by no invariant and not declared unconstrained"))
+    checked = {iid for iid, _ in per}
+    for inv in checkable:
+        if inv.id in required and inv.id not in checked:
+            results.append(CheckResult(inv.id, "-", "VACUOUS", 0.0,
+                                       "applies to no request of this schema: it checks nothing",
+                                       file=inv.policy.file, line=inv.policy.line))
     return results
 
 

@@ -3,6 +3,10 @@
     policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit]
                      [--counterexamples DIR] [--timeout SECONDS]
     policy-check --compare OLD NEW [--format ...]
+    policy-check --version
+
+The baseline invariants shipped in this package are always checked, with DIR's own
+``invariants/`` and every ``--invariants`` path added to them (``invariants.project``).
 
 Exit codes are documented in ``invariants.report``.
 """
@@ -20,9 +24,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .catalog import DEFAULT_TIMEOUT_S, check_invariants, compare_sets
+from .catalog import DEFAULT_TIMEOUT_S, compare_sets
 from .errors import PolicyCheckError, PolicyInvalid, Unsupported
-from .policytests import run_test_files
+from .gate import evaluate
 from .project import load_project
 from .report import Report, exit_code, render
 
@@ -60,6 +64,22 @@ def _invalid(exc: PolicyInvalid, fmt: Format, console: Console) -> int:
     return 1
 
 
+def version_text() -> str:
+    """``policy-check <version of the installed memwarden distribution>``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"policy-check {version('memwarden')}"
+    except PackageNotFoundError:
+        return "policy-check (not installed)"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
 @app.command()
 def run(
     directory: Optional[Path] = typer.Argument(None, help="Policy directory: schema, *.cedar, invariants/, tests/."),
@@ -71,6 +91,8 @@ def run(
                                          help="Where counterexamples (Cedar JSON) are saved."),
     schema: Optional[Path] = typer.Option(None, "--schema", help="Schema file (default: the one in DIR)."),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.1, help="Solver timeout per query, seconds."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """Check DIR (or compare two policy directories); see the README for exit codes."""
     console = Console(soft_wrap=True) if fmt == Format.text else Console(file=sys.stdout, soft_wrap=True)
@@ -89,9 +111,7 @@ def run(
         else:
             assert directory is not None
             proj = load_project(directory, invariants, schema_path=schema)
-            rep = Report(str(directory))
-            rep.results = check_invariants(proj.schema, proj.schema_text, proj.policies, proj.invariants, timeout)
-            rep.tests = run_test_files(proj.test_files, proj.policies, proj.schema_text)
+            rep = evaluate(proj, timeout)
     except PolicyInvalid as exc:
         raise typer.Exit(_invalid(exc, fmt, console)) from None
     except Unsupported as exc:

@@ -51,8 +51,11 @@ def _case_request(case: dict[str, Any]) -> dict[str, Any]:
     return {k: case[k] for k in ("principal", "action", "resource")} | {"context": case.get("context", {})}
 
 
-def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[PolicyTestResult]:
-    """Run one test file; returns one result per case."""
+def run_test_file(path: Path, policies: list[Policy], schema_text: str, label: str | None = None
+                  ) -> list[PolicyTestResult]:
+    """Run one test file; returns one result per case. ``label`` names the file in results and
+    errors (default: ``path``)."""
+    name_of_file = label or str(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         cases = doc["cases"]
@@ -60,17 +63,17 @@ def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[
         if not isinstance(cases, list) or not isinstance(shared, list):
             raise TypeError("`cases` and `entities` must be lists")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PolicyTestFileError(f"{path}: {exc}") from exc
+        raise PolicyTestFileError(f"{name_of_file}: {exc}") from exc
     out = []
     for i, case in enumerate(cases):
         name = case.get("name", f"case {i}")
         expect = case.get("expect")
         if expect not in ("allow", "deny") or not all(k in case for k in ("principal", "action", "resource")):
-            raise PolicyTestFileError(f"{path}: {name}: needs principal, action, resource and expect allow|deny")
+            raise PolicyTestFileError(f"{name_of_file}: {name}: needs principal, action, resource and expect allow|deny")
         try:
             res = authorize(_case_request(case), policies, shared + case.get("entities", []), schema_text)
         except (ValueError, TypeError) as exc:
-            out.append(PolicyTestResult(str(path), name, expect == "deny", expect, "deny", [], [str(exc)],
+            out.append(PolicyTestResult(name_of_file, name, expect == "deny", expect, "deny", [], [str(exc)],
                                       f"Cedar rejected the request: {exc}"))
             continue
         actual = "allow" if res.allow else "deny"
@@ -81,9 +84,11 @@ def run_test_file(path: Path, policies: list[Policy], schema_text: str) -> list[
         want = case.get("reasons")
         if ok and want is not None and sorted(want) != sorted(res.reasons):
             ok, msg = False, f"expected reasons {sorted(want)}, got {sorted(res.reasons)}"
-        out.append(PolicyTestResult(str(path), name, ok, expect, actual, sorted(res.reasons), sorted(res.errors), msg))
+        out.append(PolicyTestResult(name_of_file, name, ok, expect, actual, sorted(res.reasons), sorted(res.errors), msg))
     return out
 
 
-def run_test_files(paths: list[Path], policies: list[Policy], schema_text: str) -> list[PolicyTestResult]:
-    return [r for p in paths for r in run_test_file(p, policies, schema_text)]
+def run_test_files(paths: list[Path], policies: list[Policy], schema_text: str,
+                   labels: list[str] | None = None) -> list[PolicyTestResult]:
+    return [r for i, p in enumerate(paths) for r in run_test_file(p, policies, schema_text,
+                                                                  labels[i] if labels else None)]

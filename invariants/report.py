@@ -1,7 +1,7 @@
 """Rendering results: rich text (default), JSON, SARIF 2.1.0 and JUnit XML; exit codes.
 
 Exit codes (README "policy-check"): 0 everything proved and every policy test passed;
-1 an invariant is violated, an action is uncovered, a policy test failed, a policy is
+1 an invariant is violated or vacuous, an action is uncovered, a policy test failed, a policy is
 invalid, or (``--compare``) the two sets differ; 2 usage error; 3 some result is
 UNKNOWN (and nothing failed); 4 the Z3 model and Cedar disagree on a counterexample.
 """
@@ -21,9 +21,9 @@ from .policytests import PolicyTestResult
 
 __all__ = ["Report", "exit_code", "render"]
 
-FAIL = {"VIOLATED", "UNCOVERED", "CHANGED"}
+FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
-         "UNKNOWN": "magenta", "DISAGREE": "bold white on red", "UNCOVERED": "red"}
+         "UNKNOWN": "magenta", "DISAGREE": "bold white on red", "UNCOVERED": "red", "VACUOUS": "red"}
 
 
 @dataclass

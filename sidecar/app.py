@@ -3,8 +3,12 @@
 Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend);
 everything else goes through the pipeline, including the authenticated
 ``/_memwarden/memories/{id}/lineage`` (`sidecar.lineage`). Prometheus metrics are served on a separate
-listener (``METRICS_HOST``:``METRICS_PORT``), never on the API port. Start-up fails (PolicyLoadError) when the policy set or
-schema does not load.
+listener (``METRICS_HOST``:``METRICS_PORT``), never on the API port.
+
+`create_app` admits the policy set through the same gate as every reload (`sidecar.policy_reload.admit`:
+parse, schema validation, every invariant including the package's baseline, the policy unit tests) and
+raises `PolicyRefused` (a `PolicyLoadError`) when it fails: no app is built, so a refused set never
+serves a request, whichever way the app is started.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
 from sidecar.pipeline import Pipeline
 from sidecar.policy_reload import PolicyHandle
-from sidecar.policy import PolicyEngine
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.forward import Upstream
 
@@ -48,8 +51,7 @@ class Services:
         self.settings = settings
         self.metrics = Metrics()
         self.policy = PolicyHandle(settings.policies_dir, self.metrics, shadow=settings.shadow_mode,
-                                   check=settings.policy_reload_check, check_timeout_s=settings.policy_check_timeout_s)
-        self.engine = self.policy.engine  # the set loaded at start; self.policy holds the one in force
+                                   invariants_dir=settings.invariants_dir, check_timeout_s=settings.policy_check_timeout_s)
         raw_ledger = ledger or ledger_from_settings(settings)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
@@ -60,7 +62,7 @@ class Services:
             token=settings.backend_token, transport=transport,
         )
         instrument_upstream(self.upstream, self.metrics)
-        self.authz = Authorizer(self.policy, self.ledger)  # type: ignore[arg-type]
+        self.authz = Authorizer(self.policy, self.ledger)
         profile_cls = Mem0Profile if settings.backend == "mem0" else ChromaProfile
         self.profile = profile_cls(settings, self.upstream, self.ledger, self.authz)
         self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz,
@@ -70,7 +72,7 @@ class Services:
 
 def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None,
                ledger: Ledger | None = None) -> FastAPI:
-    """Build the sidecar app. Raises `PolicyLoadError` if policies/schema do not load."""
+    """Build the sidecar app. Raises `PolicyRefused` (a `PolicyLoadError`) if the policy set does not pass the gate."""
     settings = settings or Settings()
     decisionlog.configure(settings.log_level, settings.decision_log_sink, settings.decision_log_path,
                           settings.decision_log_max_bytes, settings.decision_log_backups,

@@ -1,29 +1,99 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), demo."""
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, demo, probe, stack.
+
+Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
+an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
+the operator go to stderr; stdout carries what a command answers (``serve``: the decision log).
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from sidecar.config import Settings
+from sidecar.config import ConfigError, Settings, load_settings
 from sidecar.errors import PolicyLoadError
 from sidecar.ledger import ledger_from_settings, open_ledger
 
+
+def version_text() -> str:
+    """``memwarden <version of the installed distribution>``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"memwarden {version('memwarden')}"
+    except PackageNotFoundError:
+        return "memwarden (not installed)"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
 app = typer.Typer(help="memwarden: Cedar governance sidecar for agent memory", no_args_is_help=True)
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """memwarden: Cedar governance sidecar for agent memory."""
+
 keys = typer.Typer(help="manage API keys (stored as salted hashes in the ledger)", no_args_is_help=True)
 app.add_typer(keys, name="keys")
 ledger_cli = typer.Typer(help="ledger schema (SQLite file or MEMWARDEN_LEDGER_URL PostgreSQL)", no_args_is_help=True)
 app.add_typer(ledger_cli, name="ledger")
 console = Console()
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _load(**overrides: Any) -> Settings:
+    """Settings, or a one-line refusal naming the key (exit 2)."""
+    try:
+        return load_settings(**overrides)
+    except ConfigError as exc:
+        err.print(f"memwarden: configuration refused: {exc}", markup=False)
+        raise typer.Exit(2) from None
 
 
 def _settings(ledger: Optional[Path]) -> Settings:
-    return Settings(ledger_path=ledger, ledger_url=None) if ledger else Settings()  # --ledger: an SQLite file
+    return _load(ledger_path=ledger, ledger_url=None) if ledger else _load()  # --ledger: an SQLite file
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: bool) -> list[str]:
+    """The start-up lines of ``memwarden serve``: listener, backend, policy set, ledger, metrics, mode."""
+    gate = services.policy.current.gate
+    pinned = f", pinned from {settings.invariants_dir}" if settings.invariants_dir else ""
+    ledger = (f"postgresql {redact_url(settings.ledger_url)} (schema {settings.ledger_schema})" if settings.ledger_url
+              else f"sqlite {settings.ledger_path}")
+    mode = ("SHADOW: Cedar denials are logged and counted, NOT enforced (tenant isolation, authentication and the "
+            "ledger still are)" if settings.shadow_mode else "enforce")
+    return [
+        f"{version_text()} listening on http://{host}:{port}",
+        f"  backend   {settings.backend} {settings.backend_url}",
+        f"  policies  {settings.policies_dir} sha256 {services.policy.digest} — {gate.policies} policies; "
+        f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
+        f"  ledger    {ledger}",
+        f"  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
+        f"  mode      {mode}",
+    ]
 
 
 @app.command()
@@ -46,21 +116,32 @@ def serve(
         overrides["policies_dir"] = policies
     if ledger:
         overrides["ledger_path"] = ledger
-    settings = Settings(**overrides)  # type: ignore[arg-type]
+    settings = _load(**overrides)
+    from sidecar.policy_reload import PolicyRefused
+
     try:
         application = create_app(settings)
+    except PolicyRefused as exc:
+        err.print(f"memwarden: policy set refused ({exc.result}); POLICIES_DIR={settings.policies_dir}"
+                  + (f" INVARIANTS_DIR={settings.invariants_dir}" if settings.invariants_dir else "")
+                  + "; nothing is served:", markup=False)
+        for line in exc.problems:
+            err.print(f"  {line}", markup=False)
+        raise typer.Exit(2) from None
     except PolicyLoadError as exc:
-        console.print(f"[red]memwarden: policies failed to load:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        err.print(f"memwarden: policies failed to load: {exc}", markup=False)
+        raise typer.Exit(2) from None
     stop_metrics = None
     if settings.metrics_port:
         from sidecar.metrics import serve_metrics
         try:
             stop_metrics = serve_metrics(application.state.services.metrics, settings.metrics_host, settings.metrics_port)
         except OSError as exc:
-            console.print(f"[red]memwarden: metrics listener {settings.metrics_host}:{settings.metrics_port}: {exc}[/red] "
-                          "(set MEMWARDEN_METRICS_PORT to a free port, or 0 for none)")
+            err.print(f"memwarden: metrics listener {settings.metrics_host}:{settings.metrics_port}: {exc} "
+                      "(set MEMWARDEN_METRICS_PORT to a free port, or 0 for none)", markup=False)
             raise typer.Exit(2) from exc
+    for line in banner(settings, host, port, application.state.services, bool(settings.metrics_port)):
+        err.print(line, markup=False)
     from sidecar.server import ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
@@ -157,6 +238,92 @@ def ledger_migrate(
     finally:
         store.close()
     console.print(f"ledger schema at version {version}")
+
+
+authz = typer.Typer(help="ad-hoc authorization checks against the policy set and ledger (no backend call)",
+                    no_args_is_help=True)
+app.add_typer(authz, name="authz")
+
+
+@authz.command("check")
+def authz_check(
+    key_id: Optional[str] = typer.Option(None, help="the principal: a key id (as shown by keys list)"),
+    action: list[str] = typer.Option([], help="action(s): read, write, update, delete, redistribute, search, list, "
+                                              "delete_bulk, admin"),
+    row: Optional[str] = typer.Option(None, help="row id (row actions)"),
+    collection: Optional[str] = typer.Option(None, help="Chroma collection UUID (Mem0: the deployment, implied)"),
+    database: Optional[str] = typer.Option(None, help="namespace database (request-level actions on a namespace)"),
+    tenant: Optional[str] = typer.Option(None, help="namespace tenant (default: the principal's)"),
+    target_fleet: Optional[str] = typer.Option(None, help="redistribute: the target fleet"),
+    target_scope: Optional[str] = typer.Option(None, help="redistribute: the target scope"),
+    scope: Optional[str] = typer.Option(None, help="write: scope of the new row (default fleet)"),
+    include_superseded: bool = typer.Option(False, help="read: a superseded row is servable (as ?include_superseded)"),
+    request: Optional[Path] = typer.Option(None, help="a JSON check document (- for stdin) instead of the options"),
+    fmt: str = typer.Option("text", "--format", help="text or json"),
+    policies: Optional[Path] = typer.Option(None, help="policies directory (else MEMWARDEN_POLICIES_DIR)"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_URL / _PATH)"),
+) -> None:
+    """Decide one request as the sidecar would: decision, determining policies, deny reason and the entities
+    Cedar saw (policy set admitted through the same gate; exit 0 allow, 1 deny, 2 refused input)."""
+    from sidecar.authzcheck import Checker, CheckError
+    from sidecar.policy_reload import PolicyRefused
+
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter("--format must be text or json")
+    overrides: dict[str, Any] = {}
+    if policies:
+        overrides["policies_dir"] = policies
+    if ledger:
+        overrides.update(ledger_path=ledger, ledger_url=None)
+    settings = _load(**overrides)
+    if request is not None:
+        if key_id or action or row or collection or database:
+            raise typer.BadParameter("give either --request or the options")
+        try:
+            text = sys.stdin.read() if str(request) == "-" else request.read_text(encoding="utf-8")
+            doc = json.loads(text)
+        except (OSError, ValueError) as exc:
+            err.print(f"memwarden: --request: {exc}", markup=False)
+            raise typer.Exit(2) from None
+    else:
+        if not key_id or not action:
+            raise typer.BadParameter("--key-id and --action are required (or --request FILE)")
+        item: dict[str, Any] = {"actions": list(action), "include_superseded": include_superseded}
+        for k, v in (("row", row), ("collection", collection), ("database", database), ("tenant", tenant),
+                     ("scope", scope)):
+            if v is not None:
+                item[k] = v
+        if target_fleet is not None or target_scope is not None:
+            item["context"] = {"target_fleet": target_fleet, "target_scope": target_scope}
+        doc = {"key_id": key_id, "resources": [item]}
+    store = ledger_from_settings(settings)
+    try:
+        answer = Checker(settings, store).check(doc)
+    except PolicyRefused as exc:
+        err.print(f"memwarden: policy set refused ({exc.result}); POLICIES_DIR={settings.policies_dir}:", markup=False)
+        for line in exc.problems:
+            err.print(f"  {line}", markup=False)
+        raise typer.Exit(2) from None
+    except CheckError as exc:
+        err.print(f"memwarden: check refused: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    finally:
+        store.close()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+    else:
+        out = Console(soft_wrap=True, highlight=False)
+        out.print(f"policy set sha256 {answer['policy_sha256']} ({settings.policies_dir}); principal "
+                  f"{answer['principal'] or '(unknown or revoked key)'}", markup=False)
+        for r in answer["results"]:
+            out.print(f"{r['decision'].upper():5} {r['action']} {r['resource']}"
+                      + (f"  reason {r['reason']}" if r["reason"] else "")
+                      + (f"  policies {', '.join(r['policies'])}" if r["policies"] else "")
+                      + (f"  errors {'; '.join(r['errors'])}" if r["errors"] else ""), markup=False)
+            if r["request"] is not None:
+                out.print("  request  " + json.dumps(r["request"], separators=(",", ":")), markup=False)
+                out.print("  entities " + json.dumps(r["entities"], separators=(",", ":")), markup=False)
+    raise typer.Exit(0 if all(r["decision"] == "allow" for r in answer["results"]) else 1)
 
 
 @app.command()
@@ -256,7 +423,12 @@ def stack(
     store.close()
     chroma = start_chroma(workdir / "chroma")
     policies = Path(__file__).resolve().parent.parent / "policies"
-    side = start_sidecar(chroma.url, ledger_path, policies, port=port)
+    try:
+        side = start_sidecar(chroma.url, ledger_path, policies, port=port)  # `memwarden serve`: the same gate
+    except RuntimeError as exc:
+        chroma.stop()
+        err.print(f"memwarden stack: {exc}", markup=False)
+        raise typer.Exit(2) from None
     console.print(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
     console.print(f"admin key for tenant {tenant!r}: {admin}\nagent key ({tenant}/main/agent1, trust 1): {agent}")
     console.print(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")

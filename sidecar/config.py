@@ -1,14 +1,18 @@
 """Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``), a .env
 file, or a TOML config file named by ``MEMWARDEN_CONFIG_FILE`` (keys = option names in lower case).
-Precedence: constructor arguments > environment > .env > config file > defaults."""
+Precedence: constructor arguments > environment > .env > config file > defaults.
+
+`load_settings` is how the command line builds them: an unknown ``MEMWARDEN_*`` environment variable,
+an unknown config-file key or a bad value raises `ConfigError`, whose message is one line naming the
+key (never the value: it may be a credential)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, HttpUrl, model_validator
+from pydantic import Field, HttpUrl, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
@@ -40,6 +44,9 @@ class Settings(BaseSettings):
     ledger_migrate_on_start: bool = Field(
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
     policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
+    invariants_dir: Path | None = Field(
+        default=None, description="extra invariants (*.cedar) pinned from another source (e.g. a second ConfigMap), "
+        "checked with the package's baseline and the policy directory's own invariants/")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0, description="request body limit, bytes (413 above)")
     max_json_depth: int = Field(default=32, ge=2, le=1000, description="nesting depth of a JSON body at most (400 above)")
     max_filter_clauses: int = Field(default=256, ge=1, description="operators and conditions in one where/filters at most (400 above)")
@@ -76,9 +83,8 @@ class Settings(BaseSettings):
     # -- operator features (probes, metrics, reload, shadow mode, decision-log sinks) ------------
     policy_watch_interval_s: float = Field(
         default=2.0, ge=0, description="seconds between checks of policies_dir for changes; 0 = no watching (SIGHUP still reloads)")
-    policy_reload_check: bool = Field(
-        default=True, description="a reloaded policy set must pass policy-check (invariants + policy tests) before it is applied")
-    policy_check_timeout_s: float = Field(default=120.0, gt=0, description="seconds policy-check may take on a reload")
+    policy_check_timeout_s: float = Field(
+        default=120.0, gt=0, description="seconds the policy check may take, at start-up and on a reload")
     shadow_mode: bool = Field(default=False, description="dry run: log Cedar denials but forward as if allowed")
     shadow_mode_confirm: str = Field(default="", description="must be 'decisions-are-not-enforced' when shadow_mode is on")
     decision_log_sink: Literal["stdout", "file"] = Field(default="stdout", description="where JSON log lines go")
@@ -116,3 +122,56 @@ class Settings(BaseSettings):
             raise ValueError("MEMWARDEN_SHADOW_MODE=true is refused unless "
                              "MEMWARDEN_SHADOW_MODE_CONFIRM=decisions-are-not-enforced")
         return self
+
+
+ENV_PREFIX = "MEMWARDEN_"
+# Variables of the MEMWARDEN_ namespace that are no setting but are read before the settings are.
+NOT_SETTINGS = frozenset({"MEMWARDEN_CONFIG_FILE"})
+# Settings that existed once: named with what replaced them.
+REMOVED = {
+    "MEMWARDEN_POLICY_RELOAD_CHECK": "removed: every policy set passes the policy check, at start-up and on reload",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration the sidecar refuses; the message is one line naming the key."""
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        where = os.environ.get("MEMWARDEN_CONFIG_FILE")
+        return f"unknown configuration key {loc!r}" + (f" in {where}" if where else "") + " (not a memwarden setting)"
+    if not loc:
+        return msg
+    name = loc.split(".")[0]
+    return f"{name} ({env_name(name)}): {msg}"
+
+
+def unknown_environment(environ: dict[str, str] | None = None) -> list[str]:
+    """``MEMWARDEN_*`` variables (any case, as pydantic-settings reads them) that name no setting."""
+    env = os.environ if environ is None else environ
+    known = {env_name(f) for f in Settings.model_fields} | NOT_SETTINGS
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """`Settings` from the environment, .env and config file, with `overrides` (command-line options).
+    Raises `ConfigError` (one line) for an unknown ``MEMWARDEN_*`` variable, an unknown config-file key,
+    a missing config file or a bad value."""
+    unknown = unknown_environment()
+    if unknown:
+        name = unknown[0].upper()
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ConfigError(f"environment variable {unknown[0]}: {REMOVED.get(name, 'not a memwarden setting')}{more}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None

@@ -1,8 +1,30 @@
 """Stage 8 — record: one structured JSON decision-log event per request (structlog).
 
-Fields: request_id, principal, operation, action, resource, decision, policies (determining ids),
-rows_allowed, rows_denied, row_ids (at most 20), status, latency_us, stripped_headers.
-Memory content, query text and keys are never logged.
+Fields (event ``decision``):
+
+- ``request_id``, ``principal`` (Cedar uid), ``key_id``, ``method``, ``operation``, ``action``,
+  ``resource`` (the request-level resource), ``status`` (HTTP), ``latency_us``, ``stripped_headers``;
+- ``decision`` — ``allow`` (served as the policies allowed), ``deny`` (refused by memwarden: not
+  authenticated, Cedar's Deny, an unknown or hidden row or collection, an unmapped or blocked route)
+  or ``error`` (not an access decision: bad request, conflict, body too large, backend failure or the
+  backend's own 4xx, internal error); ``reason`` for anything but ``allow``: ``no_permit``, ``forbid``,
+  ``evaluation_error``, ``unknown_row``, ``deleted_row``, ``superseded_row``, ``unknown_collection``,
+  ``not_authenticated``, ``not_permitted``, ``not_found``, ``unmapped_route``, ``blocked_route``,
+  ``bad_request``, ``conflict``, ``payload_too_large``, ``backend_error``, ``backend_timeout``,
+  ``backend_rejected``, ``backend_not_found``, ``internal_error`` (`sidecar.errors`, `sidecar.pipeline`);
+- ``policy_sha256`` — the policy set the request was decided under (the one in force when it was
+  not decided by Cedar at all); ``mode`` (``enforce`` or ``shadow``);
+- ``policies`` — the determining policy ids of every Cedar answer; ``deny_policies`` — those of the
+  denials (the forbids that matched, the policies that raised an evaluation error);
+- ``evaluation_errors`` — Cedar evaluation errors, ``"<policy id>: <message>"`` with quoted values
+  elided (at most 20);
+- ``rows_allowed``, ``rows_denied`` (Cedar denied), ``rows_hidden_superseded``, ``rows_hidden_deleted``,
+  ``rows_unknown`` (not governed by the ledger), ``row_deny_reasons`` (reason → rows), ``row_ids``
+  (the rows served or acted on, at most 20);
+- shadow mode: ``would_deny`` (decisions enforcement would have denied), ``would_deny_reasons``,
+  ``would_deny_row_ids`` (at most 20).
+
+Memory content, query text, filters and keys are never logged.
 """
 
 from __future__ import annotations
@@ -38,22 +60,35 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
     _configured = True
 
 
-def record(ex: Exchange, status: int) -> None:
-    """Emit the decision event for a finished exchange."""
+def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
+    """Emit the decision event for a finished exchange (fields: module docstring)."""
+    shadow = {"would_deny": ex.would_deny, "would_deny_reasons": ex.would_deny_reasons or None,
+              "would_deny_row_ids": ex.would_deny_row_ids or None} if mode == "shadow" else {}
     structlog.get_logger("memwarden.decision").info(
         "decision",
         request_id=ex.request_id,
         principal=ex.principal.describe() if ex.principal else None,
+        key_id=ex.key_id,
         method=ex.method,
         operation=ex.operation,
         action=ex.action,
         resource=ex.resource,
         decision=ex.decision,
+        reason=ex.reason,
+        status=status,
+        mode=mode,
+        policy_sha256=policy_sha256,
         policies=sorted(ex.policies),
+        deny_policies=sorted(ex.deny_policies) or None,
+        evaluation_errors=ex.evaluation_errors or None,
         rows_allowed=ex.rows_allowed,
         rows_denied=ex.rows_denied,
+        rows_hidden_superseded=ex.rows_hidden_superseded,
+        rows_hidden_deleted=ex.rows_hidden_deleted,
+        rows_unknown=ex.rows_unknown,
+        row_deny_reasons=ex.row_deny_reasons or None,
         row_ids=ex.row_ids[:20],
-        status=status,
+        **shadow,
         latency_us=ex.elapsed_us(),
         stripped_headers=ex.stripped_headers or None,
     )

@@ -1,19 +1,27 @@
-"""The sidecar's exception tree. Every error knows its HTTP status; `to_response` maps one to JSON.
+"""The sidecar's exception tree. Every error knows its HTTP status; `to_body` maps one to JSON.
 
-::
+Each also knows how the decision log records it (`decision`, `reason`; class defaults below, a
+raise site may name a more precise reason — Cedar's deny reason, ``unknown_row``, …)::
 
-    MemwardenError                 500  internal (never leaks detail)
-    ├── BadRequest                 400  malformed/ambiguous input, governed keys set by the client
-    ├── Unauthorized               401  missing, unknown, revoked or ambiguous credential
-    ├── Forbidden                  403  Cedar said Deny or NoDecision
-    ├── NotFound                   404  unmapped route, unknown/foreign collection or row
-    ├── RequestTimeout             408  headers or body not received within their deadline
-    ├── Conflict                   409  id already governed (or tombstoned)
-    ├── PayloadTooLarge            413  body (or number of ids) over the configured limit
-    ├── UpstreamError              502  backend down, 5xx, or a body that is not the expected JSON
-    ├── Overloaded                 503  more requests in flight than the sidecar takes at once
-    ├── UpstreamTimeout            504  backend did not answer in time
-    └── BackendClientError        4xx  the backend's own 4xx, passed through with a sanitised body
+    MemwardenError                 500  internal (never leaks detail)          error  internal_error
+    ├── BadRequest                 400  malformed/ambiguous input, governed    error  bad_request
+    │                                   keys set by the client
+    ├── Unauthorized               401  missing, unknown, revoked or           deny   not_authenticated
+    │                                   ambiguous credential
+    ├── Forbidden                  403  Cedar said Deny or NoDecision          deny   not_permitted
+    ├── NotFound                   404  unmapped route, unknown/foreign        deny   not_found
+    │                                   collection or row
+    ├── RequestTimeout             408  headers or body not received within    error  request_timeout
+    │                                   their deadline
+    ├── Conflict                   409  id already governed (or tombstoned)    error  conflict
+    ├── PayloadTooLarge            413  body (or number of ids) over the       error  payload_too_large
+    │                                   configured limit
+    ├── UpstreamError              502  backend down, 5xx, or a body that is   error  backend_error
+    │                                   not the expected JSON
+    ├── Overloaded                 503  more requests in flight than the       error  overloaded
+    │                                   sidecar takes at once
+    ├── UpstreamTimeout            504  backend did not answer in time         error  backend_timeout
+    └── BackendClientError        4xx  the backend's own 4xx, passed through  error  backend_rejected
     PolicyLoadError                    start-up only: schema/policies missing or invalid
 """
 
@@ -23,59 +31,67 @@ from __future__ import annotations
 class MemwardenError(Exception):
     status: int = 500
     code: str = "internal"
+    decision: str = "error"  # decision-log outcome: allow | deny | error
+    reason: str = "internal_error"
 
-    def __init__(self, message: str = "internal error") -> None:
+    def __init__(self, message: str = "internal error", *, reason: str | None = None,
+                 decision: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.explicit_reason = reason is not None
+        if reason is not None:
+            self.reason = reason
+        if decision is not None:
+            self.decision = decision
 
 
 class BadRequest(MemwardenError):
-    status, code = 400, "bad_request"
+    status, code, reason = 400, "bad_request", "bad_request"
 
 
 class Unauthorized(MemwardenError):
-    status, code = 401, "unauthenticated"
+    status, code, decision, reason = 401, "unauthenticated", "deny", "not_authenticated"
 
 
 class Forbidden(MemwardenError):
-    status, code = 403, "forbidden"
+    status, code, decision, reason = 403, "forbidden", "deny", "not_permitted"
 
 
 class NotFound(MemwardenError):
-    status, code = 404, "not_found"
+    status, code, decision, reason = 404, "not_found", "deny", "not_found"
 
 
 class RequestTimeout(MemwardenError):
-    status, code = 408, "request_timeout"
+    status, code, reason = 408, "request_timeout", "request_timeout"
 
 
 class Conflict(MemwardenError):
-    status, code = 409, "conflict"
+    status, code, reason = 409, "conflict", "conflict"
 
 
 class PayloadTooLarge(MemwardenError):
-    status, code = 413, "payload_too_large"
+    status, code, reason = 413, "payload_too_large", "payload_too_large"
 
 
 class UpstreamError(MemwardenError):
-    status, code = 502, "bad_gateway"
+    status, code, reason = 502, "bad_gateway", "backend_error"
 
 
 class Overloaded(MemwardenError):
-    status, code = 503, "overloaded"
+    status, code, reason = 503, "overloaded", "overloaded"
 
 
 class UpstreamTimeout(MemwardenError):
-    status, code = 504, "gateway_timeout"
+    status, code, reason = 504, "gateway_timeout", "backend_timeout"
 
 
 class BackendClientError(MemwardenError):
     """A 4xx answered by the backend itself; `status` is the backend's."""
 
-    code = "backend_rejected"
+    code, reason = "backend_rejected", "backend_rejected"
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, status: int, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message, reason=reason)
         self.status = status
 
 

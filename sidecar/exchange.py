@@ -15,7 +15,12 @@ class Exchange:
     """State of one request through the pipeline.
 
     `segments` are the percent-decoded path segments; `query` the validated scalar query parameters;
-    `body` the parsed JSON body (or None). `decisions` collects every Cedar answer for the decision log.
+    `body` the parsed JSON body (or None). The rest is the decision-log record (`sidecar.decisionlog`):
+    `decision` (allow | deny | error, None until decided) and `reason`; `policy_set` the policy set the
+    request is decided under (pinned on its first Cedar call); `policies` the determining ids of every
+    Cedar answer and `deny_policies` those of the denials (forbids, erroring policies); row counts by
+    outcome and `row_deny_reasons` (reason → rows); `evaluation_errors` (sanitised, see
+    `sidecar.policy.Decision`); in shadow mode `would_deny` decisions with their reasons and rows.
     """
 
     method: str
@@ -25,14 +30,26 @@ class Exchange:
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None
     principal: Principal | None = None
+    key_id: str | None = None
     operation: str = "unrouted"
     action: str | None = None
     resource: str | None = None
-    decision: str = "deny"
+    decision: str | None = None
+    reason: str | None = None
+    policy_set: Any = None
     policies: set[str] = field(default_factory=set)
+    deny_policies: set[str] = field(default_factory=set)
     rows_allowed: int = 0
     rows_denied: int = 0
     rows_malformed: int = 0  # backend rows dropped because their shape cannot be served (see authorize.well_formed_rows)
+    rows_hidden_superseded: int = 0
+    rows_hidden_deleted: int = 0
+    rows_unknown: int = 0
+    row_deny_reasons: dict[str, int] = field(default_factory=dict)
+    evaluation_errors: list[str] = field(default_factory=list)
+    would_deny: int = 0
+    would_deny_reasons: dict[str, int] = field(default_factory=dict)
+    would_deny_row_ids: list[str] = field(default_factory=list)
     row_ids: list[str] = field(default_factory=list)
     stripped_headers: list[str] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -55,8 +55,8 @@ class Server:
 def _wait(server: Server, path: str, timeout_s: float, headers: dict[str, str] | None = None) -> Server:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}")
+        if server.proc.poll() is not None:  # its whole start-up output: a refusal lists every problem
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail(100_000)}")
         try:
             r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False)
             if r.status_code < 500:

@@ -5,10 +5,13 @@ single requests, so an agent that could scrape them would learn about rows it ma
 Series (all prefixed ``memwarden_``; durations in seconds):
 
 - ``requests_total{operation,action,decision,status}`` — one per request, as in the decision log
-- ``rows_total{result}`` — rows returned (``allowed``) and dropped by the filter stage (``filtered``), and
-  backend rows dropped because their shape cannot be served (``malformed``)
+- ``rows_total{result}`` — rows returned (``allowed``) and dropped by the filter stage: ``denied`` (Cedar),
+  ``superseded`` (hidden unless asked for), ``deleted`` (tombstoned or pending), ``unknown`` (not in the ledger),
+  ``malformed`` (a backend row whose shape cannot be served)
 - ``request_duration_seconds`` — whole pipeline, per request
 - ``cedar_decisions_total{action,decision}`` — every Cedar answer (request- and row-level)
+- ``cedar_evaluation_errors_total{action,policy}`` — every evaluation error Cedar reported at runtime (an
+  erroring policy is skipped: an erroring forbid lets the request through), shadow mode included
 - ``cedar_batch_duration_seconds`` / ``cedar_batch_size`` — one observation per PDP call
 - ``backend_request_duration_seconds{method,outcome}`` — each backend call (outcome ok/error)
 - ``ledger_call_duration_seconds{method}`` / ``ledger_errors_total{method}`` — each ledger call
@@ -47,12 +50,15 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("memwarden_requests", "Requests by operation, action, decision and HTTP status",
                                 ["operation", "action", "decision", "status"], registry=r)
-        self.rows = Counter("memwarden_rows", "Rows returned (allowed) and dropped by the filter stage (filtered)",
-                            ["result"], registry=r)
+        self.rows = Counter("memwarden_rows", "Rows returned (allowed) and dropped by the filter stage "
+                            "(denied, superseded, deleted, unknown)", ["result"], registry=r)
         self.request_duration = Histogram("memwarden_request_duration_seconds", "Whole-pipeline latency per request",
                                           buckets=_SLOW, registry=r)
         self.cedar_decisions = Counter("memwarden_cedar_decisions", "Cedar answers by action and decision",
                                        ["action", "decision"], registry=r)
+        self.cedar_evaluation_errors = Counter("memwarden_cedar_evaluation_errors",
+                                               "Cedar evaluation errors at runtime, by action and erroring policy",
+                                               ["action", "policy"], registry=r)
         self.cedar_batch = Histogram("memwarden_cedar_batch_duration_seconds", "Latency of one PDP call (a batch)",
                                      buckets=_FAST, registry=r)
         self.cedar_batch_size = Histogram("memwarden_cedar_batch_size", "Cedar requests per PDP call",
@@ -85,13 +91,12 @@ class Metrics:
     # -- observations -----------------------------------------------------------------------
     def observe_exchange(self, ex: Any, status: int) -> None:
         """Count one finished request (an `Exchange`) and its rows."""
-        self.requests.labels(ex.operation, ex.action or "none", ex.decision, str(status)).inc()
-        if ex.rows_allowed:
-            self.rows.labels("allowed").inc(ex.rows_allowed)
-        if ex.rows_denied:
-            self.rows.labels("filtered").inc(ex.rows_denied)
-        if ex.rows_malformed:
-            self.rows.labels("malformed").inc(ex.rows_malformed)
+        self.requests.labels(ex.operation, ex.action or "none", ex.decision or "none", str(status)).inc()
+        for result, n in (("allowed", ex.rows_allowed), ("denied", ex.rows_denied),
+                          ("superseded", ex.rows_hidden_superseded), ("deleted", ex.rows_hidden_deleted),
+                          ("unknown", ex.rows_unknown), ("malformed", ex.rows_malformed)):
+            if n:
+                self.rows.labels(result).inc(n)
         self.request_duration.observe(ex.elapsed_us() / 1e6)
 
     def observe_cedar(self, actions: list[str], allowed: list[bool], seconds: float) -> None:

@@ -4,7 +4,11 @@
 
 `Pipeline.run` never raises: a `MemwardenError` becomes its status and JSON body; any other
 exception becomes 500 with no backend data (fail closed, cf. starlette's ServerErrorMiddleware —
-not mitmproxy's `safecall`, which continues the flow). Every request yields one decision-log event.
+not mitmproxy's `safecall`, which continues the flow). Every request yields one decision-log event
+whose ``decision`` follows the answer (`outcome`): ``allow`` only for a 2xx the policies allowed,
+``deny`` when memwarden refused it (authentication, Cedar, an unknown or hidden row or collection, an
+unmapped or blocked route), ``error`` for everything else (bad request, conflict, body too large,
+backend failures and the backend's own 4xx, internal errors), each with its ``reason``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ import structlog
 
 from sidecar import decisionlog, lineage
 from sidecar.backends.base import Profile
-from sidecar.errors import MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
+from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
 log = structlog.get_logger("memwarden.pipeline")
+
+
+def outcome(exc: MemwardenError, ex: Exchange) -> tuple[str, str]:
+    """(decision, reason) of a refused request: the raise site's reason if it named one; for a 403/404
+    without one, the reason of the denial or withheld row just before it (Cedar's ``forbid``,
+    ``no_permit``, ``evaluation_error``, or ``unknown_row``/``deleted_row``/``superseded_row``); else the
+    error class's default (`sidecar.errors`)."""
+    if not exc.explicit_reason and isinstance(exc, (Forbidden, NotFound)) and ex.reason:
+        return "deny", ex.reason
+    return exc.decision, exc.reason
 
 
 class Pipeline:
@@ -43,15 +57,21 @@ class Pipeline:
         ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
         try:
             status, body = await self._stages(ex, scope, receive)
+            # A 2xx whose handler recorded a denial (a delete of which no row was permitted) stays a deny.
+            if ex.decision == "deny":
+                ex.reason = ex.reason or "not_permitted"
+            else:
+                ex.decision, ex.reason = "allow", None
         except MemwardenError as exc:
             status, body = exc.status, to_body(exc)
-            if exc.status in (401, 403, 404):
-                ex.decision = "deny"
+            ex.decision, ex.reason = outcome(exc, ex)
         except Exception:  # the outer guard: any unexpected error denies
             log.exception("pipeline_error", request_id=ex.request_id)
             status, body = 500, {"error": "internal", "message": "internal error"}
-            ex.decision = "deny"
-        decisionlog.record(ex, status)
+            ex.decision, ex.reason = "error", "internal_error"
+        policy = self.authz.policy
+        decisionlog.record(ex, status, policy_sha256=(ex.policy_set or policy.current).sha256,
+                           mode="shadow" if policy.shadow else "enforce")
         return status, body, ex
 
     async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
@@ -69,6 +89,7 @@ class Pipeline:
         principal = self.ledger.authenticate(key)
         if principal is None:
             raise Unauthorized("unknown or revoked API key")
+        ex.key_id = principal.key_id
         ex.principal = principal
         raw = await self._read_body(receive, started + self.body_timeout_s)
         ctype = headers.get("content-type", [None])[0]
@@ -76,11 +97,11 @@ class Pipeline:
         # 3. route: memwarden's own governed routes, then the profile's; an unmapped route is never forwarded
         if ex.segments[:2] == ["_memwarden", "memories"]:
             if ex.method != "GET" or len(ex.segments) != 4 or ex.segments[3] != "lineage" or not ex.segments[2]:
-                raise NotFound("no such route")
+                raise NotFound("no such route", reason="unmapped_route")
             return 200, lineage.lineage(ex, self.profile, self.ledger, self.authz, ex.segments[2])
         route = self.profile.match(ex.method, ex.segments)
         if route is None:
-            raise NotFound("no such route")
+            raise NotFound("no such route", reason="unmapped_route")
         # 4-7. authorize, rewrite, forward, filter (profile-specific)
         return await self.profile.handle(ex, route)
 

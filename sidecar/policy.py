@@ -11,6 +11,7 @@ cedarpy 4.12 (`is_authorized_batch`, `PolicySet`, `Schema`).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,28 @@ import cedarpy
 
 from sidecar.errors import PolicyLoadError
 
+# Deny reasons of a Cedar answer (the decision log's ``reason``).
+NO_PERMIT, FORBID, EVALUATION_ERROR = "no_permit", "forbid", "evaluation_error"
+_QUOTED = re.compile(r"`[^`]*`|\"(?:[^\"\\]|\\.)*\"")
+_POLICY_IN_ERROR = re.compile(r"policy `(policy\d+)`")
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """One Cedar answer. `allowed` is True only for ``Allow``; `policies` are the determining policy ids."""
+    """One Cedar answer. `allowed` is True only for ``Allow``; `policies` are the determining policy ids
+    (for a Deny: the forbids that matched). `errors` are the evaluation errors Cedar reported, one
+    ``"<policy id>: <message>"`` each with every quoted value elided (no entity ids or attribute values),
+    and `error_policies` the ids of the policies that raised them — Cedar skips such a policy, so an
+    erroring forbid lets the request through. `reason` of a Deny: ``forbid`` (a forbid matched),
+    ``evaluation_error`` (no permit held and some policy errored, or the engine failed) or ``no_permit``;
+    empty for an Allow. `would_deny`: shadow mode turned this Deny into an Allow (`reason` kept)."""
 
     allowed: bool
     policies: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
+    reason: str = ""
+    error_policies: tuple[str, ...] = ()
+    would_deny: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +67,8 @@ class PolicyEngine:
 
     MEMO_SIZE = 4096
 
-    def __init__(self, policies_text: str, schema_text: str, policy_files: list[Path], schema_file: Path) -> None:
+    def __init__(self, policies_text: str, schema_text: str, policy_files: list[Path], schema_file: Path,
+                 names: list[str] | None = None) -> None:
         self._memo: dict[str, Decision] = {}
         self.policies_text = policies_text
         self.schema_text = schema_text
@@ -70,29 +86,46 @@ class PolicyEngine:
         if not result.validation_passed:
             details = "; ".join(str(e) for e in result.errors)
             raise PolicyLoadError(f"policies do not validate against {schema_file}: {details}")
-        # Cedar names policies policy0, policy1, ...; report the @id annotation where there is one.
+        # Cedar names policies policy0, policy1, ...; report the @id annotation where there is one, else
+        # `names` (``file:line`` from `load`).
         est = json.loads(cedarpy.policies_to_json_str(policies_text))
+        bodies = list(est.get("staticPolicies", {}).items())
         self.policy_ids: dict[str, str] = {
-            name: str(body.get("annotations", {}).get("id", name)) for name, body in est.get("staticPolicies", {}).items()
+            name: str(body.get("annotations", {}).get("id") or (names[int(name[6:])] if names and name.startswith("policy")
+                                                                 and name[6:].isdigit() and int(name[6:]) < len(names)
+                                                                 else name))
+            for name, body in bodies
         }
 
     @classmethod
-    def load(cls, directory: Path) -> "PolicyEngine":
-        """Load ``*.cedarschema`` (exactly one) and ``*.cedar`` (at least one) from `directory`.
+    def load(cls, directory: Path, display: Path | None = None) -> "PolicyEngine":
+        """Load ``*.cedarschema`` (exactly one) and ``*.cedar`` (at least one) from `directory`. A policy
+        without ``@id`` is named ``<file>:<line>``; `display` names `directory` in those names and in errors.
 
         Raises `PolicyLoadError` naming the file when anything is missing, unparsable or invalid.
         """
         directory = Path(directory)
+        shown = Path(display) if display is not None else directory
         if not directory.is_dir():
-            raise PolicyLoadError(f"policies directory {directory} does not exist")
+            raise PolicyLoadError(f"policies directory {shown} does not exist")
         schemas = sorted(directory.glob("*.cedarschema"))
         if len(schemas) != 1:
-            raise PolicyLoadError(f"expected exactly one *.cedarschema in {directory}, found {len(schemas)}")
+            raise PolicyLoadError(f"expected exactly one *.cedarschema in {shown}, found {len(schemas)}")
         policy_files = sorted(directory.glob("*.cedar"))
         if not policy_files:
-            raise PolicyLoadError(f"no *.cedar policy files in {directory}")
-        text = "\n".join(p.read_text(encoding="utf-8") for p in policy_files)
-        return cls(text, schemas[0].read_text(encoding="utf-8"), policy_files, schemas[0])
+            raise PolicyLoadError(f"no *.cedar policy files in {shown}")
+        texts = [p.read_text(encoding="utf-8") for p in policy_files]
+        from invariants.engine import parse_text  # statement splitter: file and line of every policy
+        from invariants.errors import PolicyInvalid
+
+        names: list[str] | None = []
+        try:
+            for path, text in zip(policy_files, texts):
+                names += [p.id for p in parse_text(text, str(shown / path.name)).policies]  # type: ignore[operator]
+        except PolicyInvalid:
+            names = None  # the constructor reports the syntax error (after the schema's)
+        return cls("\n".join(texts), schemas[0].read_text(encoding="utf-8"), [shown / p.name for p in policy_files],
+                   shown / schemas[0].name, names)
 
     def decide(self, requests: list[CedarRequest], entities: list[dict[str, Any]]) -> list[Decision]:
         """Evaluate `requests` against one shared entity list (Cedar JSON entity format).
@@ -123,13 +156,27 @@ class PolicyEngine:
                 [r.to_json() for r in requests], self._policies, entities_json, self._schema
             )
         except Exception as exc:  # fail closed on any engine/entity/schema error
-            return [Decision(False, (), (f"engine error: {exc}",))] * len(requests)
+            msg = _QUOTED.sub("…", str(exc))[:300]
+            return [Decision(False, (), (f"engine: {msg}",), EVALUATION_ERROR, ("engine",))] * len(requests)
         if len(results) != len(requests):
-            return [Decision(False, (), ("engine returned a wrong number of results",))] * len(requests)
+            return [Decision(False, (), ("engine: wrong number of results",), EVALUATION_ERROR, ("engine",))] * len(requests)
         out = []
         for res in results:
             allowed = res.decision == cedarpy.Decision.Allow
             diag = res.diagnostics
             reasons = tuple(self.policy_ids.get(r, r) for r in diag.reasons)
-            out.append(Decision(allowed, reasons, tuple(str(e) for e in diag.errors)))
+            errors, erring = self._errors(diag.errors) if diag.errors else ((), ())
+            reason = "" if allowed else FORBID if reasons else EVALUATION_ERROR if errors else NO_PERMIT
+            out.append(Decision(allowed, reasons, errors, reason, erring))
         return out
+
+    def _errors(self, raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Cedar's evaluation errors as ``"<policy id>: <message>"`` with quoted values elided, and the ids."""
+        errors, ids = [], []
+        for e in raw:
+            m = _POLICY_IN_ERROR.search(e)
+            pid = self.policy_ids.get(m.group(1), m.group(1)) if m else "?"
+            message = _QUOTED.sub("…", e.split(": ", 1)[-1] if m else e)[:200]
+            errors.append(f"{pid}: {message}")
+            ids.append(pid)
+        return tuple(errors), tuple(dict.fromkeys(ids))

@@ -243,7 +243,7 @@ class Provenance:
                 if parent not in by_collection[collection]:
                     by_collection[collection].append(parent)
         for collection, parents in by_collection.items():
-            readable = self.authz.readable(ex, self.backend, collection, parents, include_superseded=True)
+            readable = self.authz.readable(ex, self.backend, collection, parents, include_superseded=True, count=False)
             if len(readable) != len(parents):
                 ex.decision = "deny"
                 raise Forbidden("derived_from names a memory you cannot read")
@@ -352,7 +352,8 @@ class Provenance:
         rows = self.ledger.get_rows(self.backend, collection, row_ids)
         targets = [pair[1] for lr in rows.values() for pair in (lr.supersedes, lr.superseded_by)
                    if pair is not None and pair[0] == collection]
-        visible = self.authz.readable(ex, self.backend, collection, targets, include_superseded=True) if targets else set()
+        visible = (self.authz.readable(ex, self.backend, collection, targets, include_superseded=True, count=False)
+                   if targets else set())
         out: dict[str, dict[str, str]] = {}
         for row_id, lr in rows.items():
             meta = {key: pair[1] for key, pair in (("mw_supersedes_id", lr.supersedes), ("mw_superseded_by", lr.superseded_by))
@@ -376,7 +377,7 @@ class Provenance:
                    for r in with_meta if "mw_derived_from" in r[meta_key]}
         if parents:
             wanted = sorted({x for xs in parents.values() for x in xs})
-            visible = self.authz.readable(ex, self.backend, collection, wanted, include_superseded=True)
+            visible = self.authz.readable(ex, self.backend, collection, wanted, include_superseded=True, count=False)
             for r in with_meta:
                 if r[id_key] in parents:
                     meta = dict(r[meta_key])

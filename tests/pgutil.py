@@ -1,6 +1,6 @@
 """PostgreSQL for tests: a fresh database per test session (dropped at the end), a fresh schema per test.
 
-The server is the one on 127.0.0.1:5432 (trust auth), or ``MEMWARDEN_TEST_PG_URL`` (a URL of a
+The server is the one on 127.0.0.1:5432 (trust auth), or ``MW_TEST_PG_URL`` (a URL of a
 database the test user may ``CREATE DATABASE`` from). `.ci/run` starts the local cluster if it is
 down. Nothing here skips: an unreachable server fails the tests that need it.
 """
@@ -14,7 +14,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-ADMIN_URL = os.environ.get("MEMWARDEN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get("MW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def _with_db(url: str, dbname: str) -> str:

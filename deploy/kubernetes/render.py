@@ -1,11 +1,16 @@
-"""Render the Kubernetes manifests for the sidecar pattern from a policy directory.
+"""Render the Kubernetes manifests for the sidecar pattern from a policy directory and an invariants directory.
 
-    python deploy/kubernetes/render.py [POLICIES_DIR] > deploy/kubernetes/memwarden.yaml
+    python deploy/kubernetes/render.py [POLICIES_DIR [INVARIANTS_DIR]] > deploy/kubernetes/memwarden.yaml
 
 One pod runs Chroma bound to 127.0.0.1 (reachable only from inside the pod) and memwarden in
 front of it on :8080. Policies come from a ConfigMap (every file under POLICIES_DIR, sub-directories
 ``invariants/`` and ``tests/`` included: ConfigMap keys cannot hold ``/``, so each file is a key
-with ``/`` written as ``__`` and the volume's ``items`` map it back). The PostgreSQL ledger URL
+with ``/`` written as ``__`` and the volume's ``items`` map it back). The organisation's pinned
+invariants (INVARIANTS_DIR, default ``deploy/kubernetes/invariants``) come from a second ConfigMap,
+``memwarden-invariants``, mounted apart at ``/etc/memwarden/invariants`` (``MEMWARDEN_INVARIANTS_DIR``):
+whoever may edit the policy ConfigMap cannot edit what bounds it (grant the two ConfigMaps to different
+owners). memwarden always checks the baseline invariants of its package too; a policy set that fails
+any of them is never served, at start-up or on reload. The PostgreSQL ledger URL
 (with its password) and the optional backend credential come from a Secret (API keys themselves live,
 hashed, in the ledger: create them with ``memwarden keys create`` against the same ledger URL). An init container applies ledger migrations; the main
 container then refuses to start on an old schema. Needs PyYAML.
@@ -35,8 +40,9 @@ def policy_files(root: Path) -> dict[str, str]:
     return out
 
 
-def manifests(root: Path) -> list[dict[str, Any]]:
+def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
     files = policy_files(root)
+    pinned = {p.name: p.name for p in sorted(invariants.glob("*.cedar"))}
 
     def probe(path: str, period: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 3}
@@ -45,6 +51,8 @@ def manifests(root: Path) -> list[dict[str, Any]]:
         {"name": "MEMWARDEN_BACKEND", "value": "chroma"},
         {"name": "MEMWARDEN_BACKEND_URL", "value": "http://127.0.0.1:8000"},
         {"name": "MEMWARDEN_POLICIES_DIR", "value": "/etc/memwarden/policies"},
+        # Pinned invariants from their own ConfigMap: added to the baseline, never replaceable by the policies.
+        {"name": "MEMWARDEN_INVARIANTS_DIR", "value": "/etc/memwarden/invariants"},
         {"name": "MEMWARDEN_LEDGER_URL", "valueFrom": {"secretKeyRef": {"name": NAME, "key": "ledger-url"}}},
         {"name": "MEMWARDEN_LEDGER_MIGRATE_ON_START", "value": "false"},
         # The credential memwarden sends to the backend, for backends that require one (optional).
@@ -58,11 +66,14 @@ def manifests(root: Path) -> list[dict[str, Any]]:
     restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                   "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
     policies_mount = {"name": "policies", "mountPath": "/etc/memwarden/policies", "readOnly": True}
+    invariants_mount = {"name": "invariants", "mountPath": "/etc/memwarden/invariants", "readOnly": True}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "labels": LABELS},
          "automountServiceAccountToken": False},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{NAME}-policies", "labels": LABELS},
          "data": {key: (root / rel).read_text(encoding="utf-8") for key, rel in files.items()}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{NAME}-invariants", "labels": LABELS},
+         "data": {key: (invariants / rel).read_text(encoding="utf-8") for key, rel in pinned.items()}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": NAME, "labels": LABELS}, "type": "Opaque",
          "stringData": {"ledger-url": "postgresql://memwarden:CHANGE-ME@postgres.memwarden.svc:5432/memwarden",
                         "backend-token": ""}},
@@ -96,7 +107,7 @@ def manifests(root: Path) -> list[dict[str, Any]]:
                              "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
                                            "limits": {"memory": "768Mi"}},
                              "securityContext": restricted,
-                             "volumeMounts": [policies_mount, {"name": "tmp", "mountPath": "/tmp"}],
+                             "volumeMounts": [policies_mount, invariants_mount, {"name": "tmp", "mountPath": "/tmp"}],
                          },
                          {
                              "name": "chroma", "image": CHROMA_IMAGE,
@@ -113,6 +124,9 @@ def manifests(root: Path) -> list[dict[str, Any]]:
                          {"name": "policies", "configMap": {
                              "name": f"{NAME}-policies",
                              "items": [{"key": key, "path": rel} for key, rel in files.items()]}},
+                         {"name": "invariants", "configMap": {
+                             "name": f"{NAME}-invariants",
+                             "items": [{"key": key, "path": rel} for key, rel in pinned.items()]}},
                          {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                      ],
                  },
@@ -125,11 +139,16 @@ def manifests(root: Path) -> list[dict[str, Any]]:
     ]
 
 
-def render(root: Path) -> str:
-    header = ("# Generated by deploy/kubernetes/render.py from policies/; re-run it after changing policies:\n"
+DEFAULT_INVARIANTS = Path(__file__).resolve().parent / "invariants"
+
+
+def render(root: Path, invariants: Path = DEFAULT_INVARIANTS) -> str:
+    header = ("# Generated by deploy/kubernetes/render.py from policies/ and deploy/kubernetes/invariants/; re-run it\n"
+              "# after changing either:\n"
               "#   python deploy/kubernetes/render.py policies > deploy/kubernetes/memwarden.yaml\n")
-    return header + yaml.safe_dump_all(manifests(root), sort_keys=False, default_flow_style=False, width=120)
+    return header + yaml.safe_dump_all(manifests(root, invariants), sort_keys=False, default_flow_style=False, width=120)
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "policies")))
+    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "policies"),
+                            Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_INVARIANTS))

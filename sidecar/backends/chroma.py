@@ -223,7 +223,7 @@ class ChromaProfile:
         p = self._p(ex)
         rec = self.ledger.get_collection(BACKEND, params["collection"])
         if rec is None or rec.tenant != p.tenant or rec.tenant != params["tenant"] or rec.database != params["database"]:
-            raise NotFound("collection not found")
+            raise NotFound("collection not found", reason="unknown_collection")
         return rec
 
     def _coll_entity(self, rec: CollectionRecord) -> dict[str, Any]:
@@ -324,11 +324,11 @@ class ChromaProfile:
     # -- collections ------------------------------------------------------------------------
     def _own_collection_json(self, ex: Exchange, params: dict[str, str], coll: Any) -> dict[str, Any]:
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
-            raise NotFound("collection not found")
+            raise NotFound("collection not found", reason="unknown_collection")
         rec = self.ledger.get_collection(BACKEND, coll["id"])
         p = self._p(ex)
         if rec is None or rec.tenant != p.tenant or rec.database != params["database"] or rec.tenant != params["tenant"]:
-            raise NotFound("collection not found")
+            raise NotFound("collection not found", reason="unknown_collection")
         return coll
 
     async def op_list_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -370,7 +370,7 @@ class ChromaProfile:
             self.ledger.register_collection(CollectionRecord(
                 BACKEND, coll["id"], tenant, database, body["name"], self._p(ex).uid[1], now_us()))
         elif rec.tenant != tenant or rec.database != database:
-            raise NotFound("collection not found")
+            raise NotFound("collection not found", reason="unknown_collection")
         return 200, coll
 
     @staticmethod
@@ -458,10 +458,10 @@ class ChromaProfile:
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
-            raise NotFound("record not found")
+            raise NotFound("record not found", reason="unknown_row")
         if any(r.status not in ("active", "superseded") for r in known.values()):
             # tombstoned or reserved ids never come back; for the caller they do not exist
-            raise Conflict("ids already exist") if op != "update" else NotFound("record not found")
+            raise Conflict("ids already exist") if op != "update" else NotFound("record not found", reason="deleted_row")
         new_ids = [i for i in ids if i not in known]
         if new_ids:
             present = await self.upstream.call("POST", self._data_segments(rec, "get"),
@@ -587,7 +587,7 @@ class ChromaProfile:
     def _where(self, ex: Exchange, client_where: Any, mode: str | None = None) -> dict[str, Any] | None:
         if client_where is not None and not isinstance(client_where, dict):
             raise BadRequest("where must be an object")
-        return and_where(client_where, visibility_where(self._p(ex), mode or self.settings.pushdown))
+        return and_where(client_where, visibility_where(self._p(ex), mode or self.authz.pushdown(self.settings.pushdown)))
 
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
@@ -845,7 +845,7 @@ class ChromaProfile:
             raise BadRequest("collection (the collection UUID) is required")
         rec = self.ledger.get_collection(BACKEND, coll)
         if rec is None or rec.tenant != self._p(ex).tenant:
-            raise NotFound("collection not found")
+            raise NotFound("collection not found", reason="unknown_collection")
         self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
         return rec.collection_id
 

@@ -517,11 +517,11 @@ class Mem0Profile:
         try:
             result = await self._call("GET", ["memories", mid])
         except BackendClientError as exc:
-            if exc.status == 404:
-                raise NotFound(NOT_FOUND) from exc
+            if exc.status == 404:  # readable by policy, missing in Mem0: not an access decision
+                raise NotFound(NOT_FOUND, reason="backend_not_found", decision="error") from exc
             raise
         if result is None:  # Mem0 answers 200 null for a missing id
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="backend_not_found", decision="error")
         if not isinstance(result, dict) or result.get("id") != mid or not well_formed_rows(
                 ex, BACKEND, [result], lambda r: r.get("id"), self.settings.max_json_depth + 1):
             raise UpstreamError("unexpected backend answer")
@@ -712,7 +712,8 @@ class Mem0Profile:
 
     def _search_filters(self, p: Principal, f: Filter) -> dict[str, Any]:
         """Mem0 ``filters``: the client's conditions AND the caller's visibility (tenant always; the scope
-        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope and the client used no ``OR``)."""
+        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
+        used no ``OR``)."""
         out: dict[str, Any] = dict(f.identity_eq)
         if not any(k in out for k in IDENTITY):
             out["agent_id"] = "*"  # Mem0 requires one entity key; "*" constrains nothing
@@ -720,7 +721,7 @@ class Mem0Profile:
         out["mw_tenant"] = p.tenant
         if f.any_of is not None:
             out["OR"] = f.any_of
-        elif self.settings.pushdown == "scope" and p.kind == "agent":
+        elif self.authz.pushdown(self.settings.pushdown) == "scope" and p.kind == "agent":
             me = p.uid[1]
             fleet: dict[str, Any] = {"mw_scope": "fleet"} if p.trust >= 2 else {"mw_scope": "fleet", "mw_fleet": p.fleet}
             out["OR"] = [{"mw_scope": "agent", "mw_owner": me}, fleet, {"mw_scope": "tenant"},
@@ -802,7 +803,7 @@ class Mem0Profile:
             ex.action, ex.decision = "delete", "deny"
             if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
                 raise Forbidden("delete is not permitted")
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
         ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
         await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
@@ -871,7 +872,7 @@ class Mem0Profile:
 
     async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         ex.action = "admin"
-        raise Forbidden("this operation is not available through memwarden")
+        raise Forbidden("this operation is not available through memwarden", reason="blocked_route")
 
     async def reconcile(self) -> int:
         """Retry Mem0 deletes of tombstones not yet confirmed (deletion closures included), then look for
@@ -907,6 +908,6 @@ class Mem0Profile:
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""
         if ex.query.get("collection", self.coll) != self.coll:
-            raise NotFound(NOT_FOUND)
+            raise NotFound(NOT_FOUND, reason="unknown_collection")
         self._require(ex, "list")
         return self.coll

@@ -1,25 +1,37 @@
 """Stages 4 and 7 — authorize the request, and the row-level decisions used by the filter stage.
 
-Every decision goes through the PDP (`sidecar.policy.PolicyEngine`); only ``Allow`` passes.
-Row decisions are one batched Cedar call per response. Rows the ledger does not know, write
-reservations (``pending``) and ``deleted`` rows are dropped before Cedar is asked; ``superseded``
-rows are dropped unless the caller asked for them.
+Every decision goes through the PDP (`sidecar.policy_reload.PolicyHandle`, the policy set in force);
+only ``Allow`` passes. A request is decided by one policy set: the one in force at its first Cedar
+call (pinned on the exchange). Row decisions are one batched Cedar call per response. Rows the ledger
+does not know, write reservations (``pending``) and ``deleted`` rows are dropped before Cedar is
+asked; ``superseded`` rows are dropped unless the caller asked for them. Each outcome is recorded on
+the exchange for the decision log (counts, reasons, evaluation errors, shadow would-denies).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
-from sidecar.governance import Row, deployment_entity, fleet_entity, row_entities
+from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
 from sidecar.ledger import Ledger
-from sidecar.policy import CedarRequest, Decision, PolicyEngine
+from sidecar.policy import CedarRequest, Decision
 from sidecar.stages.canonicalize import well_formed
 
+if TYPE_CHECKING:
+    from sidecar.policy_reload import PolicyHandle
+
+log = structlog.get_logger("memwarden.authz")
+UNKNOWN_ROW, DELETED_ROW, SUPERSEDED_ROW = "unknown_row", "deleted_row", "superseded_row"
+_CAP = 20  # ids and errors kept per decision-log event
 MAX_ROW_DEPTH = 32
+
+
+def tally(counts: dict[str, int], reason: str, n: int = 1) -> None:
+    counts[reason] = counts.get(reason, 0) + n
 
 
 def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callable[[Any], Any],
@@ -43,38 +55,74 @@ def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callabl
     return good
 
 
+
 class Authorizer:
     """Builds Cedar requests and entity stores from the ledger and asks the PDP."""
 
-    def __init__(self, engine: PolicyEngine, ledger: Ledger) -> None:
-        self.engine = engine
+    def __init__(self, policy: "PolicyHandle", ledger: Ledger) -> None:
+        self.policy = policy
         self.ledger = ledger
 
-    def require(self, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
-        """Request-level decision on `resource` (a Cedar JSON entity). Raises `Forbidden` unless Allow."""
-        assert ex.principal is not None
-        uid = resource["uid"]
-        ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
-        entities = ex.principal.entities() + [resource] + list(extra or [])
-        decision = self.engine.decide([CedarRequest(ex.principal.uid, action, (uid["type"], uid["id"]))], entities)[0]
-        ex.policies.update(decision.policies)
-        if not decision.allowed:
-            ex.decision = "deny"
-            raise Forbidden(f"{action} is not permitted")
-        ex.decision = "allow"
+    def pushdown(self, configured: str) -> str:
+        """The visibility filter to send to the backend: `configured` (``scope`` or ``tenant``), widened to
+        ``tenant`` in shadow mode, so every row of the tenant that enforcement would hide reaches Cedar and
+        is served and logged as a would-deny instead of never being fetched."""
+        return "tenant" if getattr(self.policy, "shadow", False) else configured
 
     def require_deployment(self, ex: Exchange, action: str, deployment: str) -> None:
         """Decision on a deployment-wide action (``configure``, ``reset``, ``manage_tenants``) on
         ``Deployment::"<deployment>"``; the default policies permit these to operators only."""
         self.require(ex, action, deployment_entity(deployment))
 
-    def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
-        """One batched decision of `action` per row (in order). `contexts` per row, optional."""
-        assert ex.principal is not None
-        if not rows:
-            return []
+    def decide(self, ex: Exchange, requests: list[CedarRequest], entities: list[dict[str, Any]]) -> list[Decision]:
+        """Ask the PDP under the exchange's policy set and record every answer on `ex`."""
+        if ex.policy_set is None:
+            ex.policy_set = self.policy.current
+        decisions = self.policy.decide(requests, entities, ex.policy_set)
+        errors = 0
+        for r, d in zip(requests, decisions):
+            ex.policies.update(d.policies)
+            if d.errors:
+                errors += 1
+                ex.evaluation_errors.extend(e for e in d.errors if e not in ex.evaluation_errors)
+                del ex.evaluation_errors[_CAP:]
+            if not d.allowed:
+                ex.deny_policies.update(d.policies or d.error_policies)
+                ex.reason = d.reason  # the latest denial explains a refusal raised right after it
+            elif d.would_deny:
+                ex.would_deny += 1
+                tally(ex.would_deny_reasons, d.reason)
+                ex.deny_policies.update(p for p in d.policies if p != "shadow-mode:would-deny")
+                if r.resource[0] == "Memory" and len(ex.would_deny_row_ids) < _CAP:
+                    ex.would_deny_row_ids.append(r.resource[1].split(":", 2)[-1])  # "<backend>:<collection>:<row id>"
+        if errors:
+            log.warning("cedar_evaluation_error", request_id=ex.request_id, actions=sorted({r.action for r in requests}),
+                        count=errors, policies=sorted({p for d in decisions for p in d.error_policies}),
+                        policy_sha256=ex.policy_set.sha256)
+        shadowed = [(r, d) for r, d in zip(requests, decisions) if d.would_deny]
+        if shadowed:
+            log.warning("shadow_would_deny", request_id=ex.request_id, principal=ex.principal.describe() if ex.principal else None,
+                        actions=sorted({r.action for r, _ in shadowed}), count=len(shadowed),
+                        reasons=sorted({d.reason for _, d in shadowed}),
+                        resources=[f"{r.resource[0]}::{r.resource[1]}" for r, _ in shadowed[:_CAP]],
+                        policies=sorted({p for _, d in shadowed for p in d.policies}),
+                        errors=[e for _, d in shadowed for e in d.errors][:5])
+        return decisions
+
+    @staticmethod
+    def request_batch(p: Principal, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None
+                      ) -> tuple[list[CedarRequest], list[dict[str, Any]]]:
+        """The Cedar request and entity store of a request-level decision on `resource` (a Cedar JSON entity)."""
+        uid = resource["uid"]
+        return [CedarRequest(p.uid, action, (uid["type"], uid["id"]))], p.entities() + [resource] + list(extra or [])
+
+    def row_batch(self, p: Principal, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None
+                  ) -> tuple[list[CedarRequest], list[dict[str, Any]]]:
+        """The Cedar requests (one per row, in order) and the shared entity store of a row decision: the
+        principal with its ancestors, the rows, their fleets, their owners as the ledger knows them, and
+        every fleet a context names (a redistribute's target) with its tenant."""
         owners = self.ledger.agent_entities({r.owner for r in rows})
-        entities = row_entities(ex.principal, rows, owners)
+        entities = row_entities(p, rows, owners)
         # Fleets named in a context (redistribute's target_fleet) with their tenant, so that policies
         # can test ``context.target_fleet in principal.tenant``; fleet ids are tenant-qualified.
         known = {(e["uid"]["type"], e["uid"]["id"]) for e in entities}
@@ -85,33 +133,64 @@ class Authorizer:
                     tenant, _, fleet = str(target.get("id")).partition("/")
                     entities.append(fleet_entity(tenant, fleet))
                     known.add(("Fleet", str(target.get("id"))))
-        requests = [
-            CedarRequest(ex.principal.uid, action, r.uid, contexts[i] if contexts else None) for i, r in enumerate(rows)
-        ]
-        decisions = self.engine.decide(requests, entities)
-        for d in decisions:
-            ex.policies.update(d.policies)
-        return decisions
+        requests = [CedarRequest(p.uid, action, r.uid, contexts[i] if contexts else None) for i, r in enumerate(rows)]
+        return requests, entities
+
+    def require(self, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
+        """Request-level decision on `resource` (a Cedar JSON entity). Raises `Forbidden` unless Allow."""
+        assert ex.principal is not None
+        uid = resource["uid"]
+        ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
+        decision = self.decide(ex, *self.request_batch(ex.principal, action, resource, extra))[0]
+        if not decision.allowed:
+            ex.decision = "deny"
+            raise Forbidden(f"{action} is not permitted", reason=decision.reason)
+        ex.decision = "allow"
+
+    def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
+        """One batched decision of `action` per row (in order). `contexts` per row, optional."""
+        assert ex.principal is not None
+        if not rows:
+            return []
+        return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
-                 include_superseded: bool = False, as_of: int | None = None) -> set[str]:
+                 include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
-        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of))
+        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count))
 
     def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
-                      include_superseded: bool = False, as_of: int | None = None) -> dict[str, Row]:
+                      include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> dict[str, Row]:
         """Like `readable`, returning the ledger rows. By default only ``active`` rows are servable;
         `include_superseded` adds superseded ones; `as_of` (UTC µs) serves the rows that were current
-        then (created by then and not yet superseded). Deleted and pending rows are never servable."""
+        then (created by then and not yet superseded). Deleted and pending rows are never servable.
+
+        With `count` (the rows a response is made of, not auxiliary checks such as links to other rows)
+        the outcome of every id is added to the exchange: ``rows_allowed``, ``rows_denied`` (Cedar),
+        ``rows_hidden_superseded``, ``rows_hidden_deleted`` (tombstoned or pending), ``rows_unknown``
+        (not governed by the ledger), and their reasons in ``row_deny_reasons``."""
         if not row_ids:
             return {}
         known = self.ledger.get_rows(backend, collection_id, row_ids)
-        candidates = [known[i] for i in dict.fromkeys(row_ids) if i in known and servable(known[i], include_superseded, as_of)]
+        unique = list(dict.fromkeys(row_ids))
+        candidates = [known[i] for i in unique if i in known and servable(known[i], include_superseded, as_of)]
         decisions = self.decide_rows(ex, "read", candidates)
         allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
-        unique = len(set(row_ids))
-        ex.rows_allowed += len(allowed)
-        ex.rows_denied += unique - len(allowed)
+        withheld = [i for i in unique if i not in known or not servable(known[i], include_superseded, as_of)]
+        for i in withheld:
+            ex.reason = UNKNOWN_ROW if i not in known else (
+                SUPERSEDED_ROW if known[i].status == "superseded" else DELETED_ROW)
+            if count:
+                tally(ex.row_deny_reasons, ex.reason)
+        if count:
+            ex.rows_allowed += len(allowed)
+            for row, d in zip(candidates, decisions):
+                if not d.allowed:
+                    ex.rows_denied += 1
+                    tally(ex.row_deny_reasons, d.reason)
+            ex.rows_unknown += sum(1 for i in withheld if i not in known)
+            ex.rows_hidden_superseded += sum(1 for i in withheld if i in known and known[i].status == "superseded")
+            ex.rows_hidden_deleted += sum(1 for i in withheld if i in known and known[i].status != "superseded")
         return allowed
 
 

@@ -87,6 +87,12 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
         entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "memwarden = sidecar.cli:app" in entry_points
     assert "sidecar/cli.py" in names and "sidecar/ledger/postgres.py" in names and "invariants/cli.py" in names
+    # The baseline invariants are package data of the wheel, byte for byte.
+    baseline = sorted((ROOT / "invariants" / "baseline").glob("*.cedar"))
+    assert baseline
+    with zipfile.ZipFile(wheel) as zf:
+        for f in baseline:
+            assert zf.read(f"invariants/baseline/{f.name}") == f.read_bytes()
     # The CMD (and the compose/k8s arguments) are accepted by that command.
     from typer.testing import CliRunner
 
@@ -158,15 +164,33 @@ def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
     assert pod["initContainers"][0]["args"] == ["ledger", "migrate"]
     # The ConfigMap projected through the volume's items is a policy directory that loads.
     volume = next(v for v in pod["volumes"] if v["name"] == "policies")["configMap"]
-    data = docs["ConfigMap"]["data"]
+    configmaps = {d["metadata"]["name"]: d for d in _docs(render.render(ROOT / "policies")) if d["kind"] == "ConfigMap"}
+    data = configmaps["memwarden-policies"]["data"]
     assert {i["key"] for i in volume["items"]} == set(data)
     for item in volume["items"]:
         (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / item["path"]).write_text(data[item["key"]])
-    assert (tmp_path / "invariants").is_dir()
     PolicyEngine.load(tmp_path)
     mount = next(m for m in mw["volumeMounts"] if m["name"] == "policies")
     assert mount["mountPath"] == env["MEMWARDEN_POLICIES_DIR"]["value"]
+    # The pinned invariants: a second ConfigMap on a mount of its own, named by MEMWARDEN_INVARIANTS_DIR,
+    # never inside the policy directory; projected, it is a directory of invariants the policies pass.
+    pinned = configmaps["memwarden-invariants"]["data"]
+    assert pinned and not any(k.startswith("invariants__") for k in data)
+    inv_volume = next(v for v in pod["volumes"] if v["name"] == "invariants")["configMap"]
+    assert inv_volume["name"] == "memwarden-invariants" and {i["key"] for i in inv_volume["items"]} == set(pinned)
+    inv_mount = next(m for m in mw["volumeMounts"] if m["name"] == "invariants")
+    assert inv_mount["readOnly"] and inv_mount["mountPath"] == env["MEMWARDEN_INVARIANTS_DIR"]["value"]
+    assert not inv_mount["mountPath"].startswith(mount["mountPath"] + "/")
+    pinned_dir = tmp_path / "pinned"
+    pinned_dir.mkdir()
+    for item in inv_volume["items"]:
+        (pinned_dir / item["path"]).write_text(pinned[item["key"]])
+    from invariants.gate import admit
+
+    res = admit(tmp_path, [pinned_dir])
+    assert res.passed, res.problems
+    assert res.invariants == res.baseline + len(pinned)
     # Prometheus scrapes the metrics port on the pod; the Service carries only the API port.
     assert env["MEMWARDEN_METRICS_PORT"]["value"] == "9464" and env["MEMWARDEN_METRICS_HOST"]["value"] == "0.0.0.0"
     assert docs["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9464"

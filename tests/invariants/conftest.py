@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 POLICIES = REPO / "policies"
 SCHEMA = POLICIES / "memwarden.cedarschema"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+BASELINE = REPO / "invariants" / "baseline"  # shipped in the package, always checked
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                print_blob=True)

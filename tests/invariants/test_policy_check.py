@@ -17,7 +17,7 @@ from invariants import translate
 from invariants.cli import app
 from invariants.engine import authorize, parse_text
 
-from .conftest import FIXTURES, POLICIES, SCHEMA
+from .conftest import BASELINE, FIXTURES, POLICIES, SCHEMA
 
 runner = CliRunner()
 
@@ -33,8 +33,7 @@ def run_json(*args: str) -> tuple[int, dict[str, Any]]:
 
 
 def check_fixture(name: str, tmp_path: Path) -> tuple[int, dict[str, Any]]:
-    return run_json(str(FIXTURES / name), "--schema", str(SCHEMA), "--invariants", str(POLICIES / "invariants"),
-                    "--counterexamples", str(tmp_path / "cex"))
+    return run_json(str(FIXTURES / name), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path / "cex"))
 
 
 def test_public_api_is_pinned() -> None:
@@ -127,16 +126,14 @@ def test_fixture_details(tmp_path: Path) -> None:
 
 
 def test_text_output_shows_counterexample(tmp_path: Path) -> None:
-    code, out = run(str(FIXTURES / "fleet-ignores-trust"), "--schema", str(SCHEMA),
-                    "-i", str(POLICIES / "invariants"), "--counterexamples", str(tmp_path))
+    code, out = run(str(FIXTURES / "fleet-ignores-trust"), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path))
     assert code == 1
     assert "VIOLATED" in out and '"principal"' in out and "read-fleet-scope" in out
     assert list(tmp_path.glob("inv-scope--read.json"))
 
 
 def test_sarif_and_junit(tmp_path: Path) -> None:
-    args = [str(FIXTURES / "missing-tenant-check"), "--schema", str(SCHEMA), "-i", str(POLICIES / "invariants"),
-            "--counterexamples", str(tmp_path)]
+    args = [str(FIXTURES / "missing-tenant-check"), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path)]
     code, out = run(*args, "--format", "sarif")
     assert code == 1
     sarif = json.loads(out)
@@ -177,21 +174,97 @@ def test_exit_1_on_failing_policy_test(tmp_path: Path) -> None:
     assert code == 1 and rep["summary"]["tests_failed"] == 1
 
 
-def test_exit_1_on_uncovered_action(tmp_path: Path) -> None:
+def test_uncovered_action_and_vacuous_invariant_fail() -> None:
+    from invariants.catalog import check_invariants, load_invariants
+    from invariants.project import load_project
+
+    proj = load_project(POLICIES)
+    only_scope = [i for i in proj.invariants if i.id == "inv-scope"]
+    results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope)
+    uncovered = {r.action for r in results if r.status == "UNCOVERED"}
+    assert uncovered == {"write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
+    rest = parse_text('@id("rest") @kind("unconstrained")\npermit (principal, action in [Action::"write", '
+                      'Action::"update", Action::"delete", Action::"redistribute", Action::"search", '
+                      'Action::"delete_bulk", Action::"list", Action::"admin"], resource);\n', "rest.cedar").policies
+    results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope + load_invariants(rest))
+    assert {r.status for r in results} == {"PROVED"}
+    # An invariant that applies to no request (a monotone bound on an attribute the schema lacks) is
+    # VACUOUS when required, never silently counted as holding.
+    ghost = load_invariants(parse_text('@id("ghost") @kind("monotone") @attribute("seniority")\n'
+                                       'permit (principal is Agent, action, resource);\n', "g.cedar").policies)
+    results = check_invariants(proj.schema, proj.schema_text, proj.policies, ghost, required={"ghost"})
+    assert [(r.invariant, r.status) for r in results if r.invariant == "ghost"] == [("ghost", "VACUOUS")]
+
+
+WIDEN = ('@id("read-tenant-wide")\npermit (principal is Agent, action == Action::"read", resource is Memory)\n'
+         'when { resource.tenant == principal.tenant };\n')
+
+
+def _widened(tmp_path: Path) -> Path:
+    """A copy of policies/ with one extra permit: any agent reads any row of its tenant."""
     d = _copy_policies(tmp_path)
-    for f in (d / "invariants").glob("*.cedar"):
-        if f.name != "inv-scope.cedar":
-            f.unlink()
+    (d / "zz-widen.cedar").write_text("// tenant-wide reads\n" + WIDEN)
+    shutil.rmtree(d / "tests")  # the policy tests would catch it too; the invariants must on their own
+    return d
+
+
+def _status(rep: dict[str, Any], invariant: str, action: str) -> str:
+    return str(next(r["status"] for r in rep["results"] if (r["invariant"], r["action"]) == (invariant, action)))
+
+
+def test_baseline_invariants_are_checked_without_any_in_the_directory(tmp_path: Path) -> None:
+    d = _widened(tmp_path)
+    assert not (d / "invariants").exists()
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1 and _status(rep, "inv-scope", "read") == "VIOLATED"
+    row = next(r for r in rep["results"] if r["invariant"] == "inv-scope" and r["action"] == "read")
+    assert row["file"] == str(BASELINE / "inv-scope.cedar")
+    assert row["counterexample"]["cedar"]["reasons"] == ["read-tenant-wide"]
+
+
+def test_directory_invariants_add_never_shadow_or_exempt(tmp_path: Path) -> None:
+    d = _widened(tmp_path)
+    (d / "invariants").mkdir()
+    # an identical copy of a baseline file is the same invariant, checked once
+    shutil.copy(BASELINE / "tenant-isolation.cedar", d / "invariants" / "tenant-isolation.cedar")
+    # a weakened invariant under a baseline id, and an opt-out of read
+    (d / "invariants" / "inv-scope.cedar").write_text(
+        '@id("inv-scope")\npermit (principal, action == Action::"read", resource is Memory);\n')
+    (d / "invariants" / "opt-out.cedar").write_text(
+        '@id("reads-are-free") @kind("unconstrained")\npermit (principal, action == Action::"read", resource);\n')
     code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
     assert code == 1
-    uncovered = {r["action"] for r in rep["results"] if r["status"] == "UNCOVERED"}
-    assert uncovered == {"write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
-    (d / "invariants" / "rest.cedar").write_text(
-        '@id("rest") @kind("unconstrained")\npermit (principal, action in [Action::"write", Action::"update", '
-        'Action::"delete", Action::"redistribute", Action::"search", Action::"delete_bulk", Action::"list", '
-        'Action::"admin"], resource);\n')
+    assert _status(rep, "inv-scope", "read") == "VIOLATED"  # the baseline one, still checked
+    shadow = [r for r in rep["results"] if r["invariant"].startswith("inv-scope@")]
+    assert shadow and shadow[0]["status"] == "PROVED" and shadow[0]["file"].endswith("invariants/inv-scope.cedar")
+    assert sum(r["invariant"] == "tenant-isolation" and r["action"] == "read" for r in rep["results"]) == 1
+    # directory invariants do add: a stricter one fails the default policies
+    d2 = _copy_policies(tmp_path / "two")
+    (d2 / "invariants").mkdir()
+    shutil.copy(Path(__file__).parent / "proposed-invariants.cedar", d2 / "invariants")
+    code, rep = run_json(str(d2), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1 and _status(rep, "update-delete-home-fleet", "update") == "VIOLATED"
+
+
+def test_schema_change_that_breaks_a_baseline_invariant_fails(tmp_path: Path) -> None:
+    d = _copy_policies(tmp_path)
+    schema = d / "memwarden.cedarschema"
+    schema.write_text(schema.read_text().replace("  status: String,", "  status?: String,"))
+    pol = d / "default.cedar"
+    pol.write_text(pol.read_text().replace('when { resource.status == "deleted" };',
+                                           'when { resource has status && resource.status == "deleted" };'))
     code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
-    assert code == 0, rep
+    assert code == 1
+    bad = {(Path(i["file"]).name, i["policy"]) for i in rep["invalid"]}
+    assert ("deletion-closure.cedar", "deletion-closure") in bad and ("inv-scope.cedar", "inv-scope") in bad
+    assert all(Path(i["file"]).parent == BASELINE for i in rep["invalid"])  # the policies themselves validate
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    code, out = run("--version")
+    assert code == 0 and out.strip() == f"policy-check {version('memwarden')}"
 
 
 def test_exit_2_on_usage_errors(tmp_path: Path) -> None:

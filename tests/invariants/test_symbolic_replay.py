@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from invariants.catalog import check_invariants, load_invariants
 from invariants.engine import authorize, parse_text
 
-from .conftest import POLICIES
+from .conftest import BASELINE
 from .strategies import envs, policy_text, request_for, entity_store
 from .test_differential import SCHEMA_MODEL, SCHEMA_TEXT
 
-INVARIANTS = load_invariants([p for f in sorted((POLICIES / "invariants").glob("*.cedar"))
+INVARIANTS = load_invariants([p for f in sorted(BASELINE.glob("*.cedar"))
                               for p in parse_text(f.read_text(), str(f)).policies])
 
 

@@ -29,9 +29,9 @@ The machine reaches the backend only through `Backend` (write, delete, list, cou
 lineage, facts and the ledger); `ChromaBackend` and `Mem0Backend` run the same machine. Every Hypothesis
 example uses a fresh tenant (and starts with a private note and a row derived from it). Budgets, measured
 on two cores: Chroma 25 examples of up to 30 steps, about 1.5 minutes (2-3 with other test runs on the
-machine); Mem0 10 x 30, about 1.5 minutes (2.5-3.5 under load). ``MEMWARDEN_STATEFUL_EXAMPLES`` /
-``MEMWARDEN_STATEFUL_STEPS`` override both (and then skip the check that the run exercised each kind of
-outcome); ``MEMWARDEN_STATEFUL_SEED`` repeats a run (the seed is printed first).
+machine); Mem0 10 x 30, about 1.5 minutes (2.5-3.5 under load). ``MW_STATEFUL_EXAMPLES`` /
+``MW_STATEFUL_STEPS`` override both (and then skip the check that the run exercised each kind of
+outcome); ``MW_STATEFUL_SEED`` repeats a run (the seed is printed first).
 """
 
 from __future__ import annotations
@@ -1018,8 +1018,8 @@ class MemoryMachine(RuleBasedStateMachine):
 
 def machine_settings(examples: int, steps: int) -> settings:
     return settings(
-        max_examples=int(os.environ.get("MEMWARDEN_STATEFUL_EXAMPLES") or examples),
-        stateful_step_count=int(os.environ.get("MEMWARDEN_STATEFUL_STEPS") or steps),
+        max_examples=int(os.environ.get("MW_STATEFUL_EXAMPLES") or examples),
+        stateful_step_count=int(os.environ.get("MW_STATEFUL_STEPS") or steps),
         deadline=None, derandomize=False, print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
@@ -1041,19 +1041,19 @@ MUST_SEE: dict[str, tuple[str, ...]] = {
 
 def run_machine(machine: type[MemoryMachine], examples: int, steps: int) -> None:
     """Run `machine` under a seed printed up front (pytest shows it with a failure) and taken from
-    ``MEMWARDEN_STATEFUL_SEED`` when set, so any run can be repeated."""
-    chosen = os.environ.get("MEMWARDEN_STATEFUL_SEED")
+    ``MW_STATEFUL_SEED`` when set, so any run can be repeated."""
+    chosen = os.environ.get("MW_STATEFUL_SEED")
     run_seed = int(chosen) if chosen else random.getrandbits(64)
-    print(f"{machine.__name__}: seed {run_seed} (rerun with MEMWARDEN_STATEFUL_SEED={run_seed})")
+    print(f"{machine.__name__}: seed {run_seed} (rerun with MW_STATEFUL_SEED={run_seed})")
     machine.events = Counter()
     test = get_state_machine_test(machine, settings=machine_settings(examples, steps))
     try:
         seed(run_seed)(test)()
     except BaseException as exc:
-        exc.add_note(f"{machine.__name__}: seed {run_seed} (rerun with MEMWARDEN_STATEFUL_SEED={run_seed})")
+        exc.add_note(f"{machine.__name__}: seed {run_seed} (rerun with MW_STATEFUL_SEED={run_seed})")
         raise
     print(f"{machine.__name__}: {sorted(machine.events.items())}")
-    if not os.environ.get("MEMWARDEN_STATEFUL_EXAMPLES") and not os.environ.get("MEMWARDEN_STATEFUL_STEPS"):
+    if not os.environ.get("MW_STATEFUL_EXAMPLES") and not os.environ.get("MW_STATEFUL_STEPS"):
         missing = [what for what, events in MUST_SEE.items() if not any(machine.events[e] for e in events)]
         assert not missing, f"the run never exercised {missing}: {sorted(machine.events.items())}"
 

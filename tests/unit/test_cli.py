@@ -51,4 +51,6 @@ def test_serve_refuses_to_start_with_invalid_policies(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--port", "1", "--policies", str(policies),
                            "--ledger", str(tmp_path / "l.db")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "policies failed to load" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "policy set refused (invalid)" in out and f"{policies}/p.cedar:1" in out and "nonexistent" in out
+    assert "mw-policies-" not in out  # the operator's path, never the snapshot's

@@ -137,7 +137,7 @@ def test_metrics_count_requests_decisions_rows_and_latencies(ledger: SQLiteLedge
     assert value(m, "memwarden_requests_total", operation="get", action="list", decision="allow", status="200") == 1
     assert value(m, "memwarden_requests_total", operation="unrouted", action="none", decision="deny", status="401") == 1
     assert value(m, "memwarden_rows_total", result="allowed") == 1
-    assert value(m, "memwarden_rows_total", result="filtered") == 1
+    assert value(m, "memwarden_rows_total", result="unknown") == 1
     assert sum(v for (n, labels), v in m.items() if n == "memwarden_cedar_decisions_total" and ("decision", "allow") in labels) >= 1
     assert value(m, "memwarden_cedar_batch_duration_seconds_count") >= 1
     assert sum(v for (n, labels), v in m.items() if n == "memwarden_backend_request_duration_seconds_count"
@@ -189,11 +189,13 @@ def test_reload_valid_invalid_and_invariant_violating(ledger: SQLiteLedger, poli
 
 
 def test_reload_changes_decisions_and_is_never_half_applied(ledger: SQLiteLedger, policies: Path) -> None:
-    client, _ = make(ledger, policies, policy_reload_check=False)
+    client, _ = make(ledger, policies)
     _, key = ledger.create_key("agent", "t", "red", "a", 1)
     assert client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key}).status_code == 200
-    (policies / "default.cedar").write_text('@id("deny-all")\nforbid (principal, action, resource);\n')
-    (policies / "zz-extra.cedar").write_text('@id("also")\npermit (principal, action, resource);\n')
+    # Two files change in one reload: a forbid for this agent, and a comment; both pass the gate.
+    (policies / "zz-freeze.cedar").write_text('@id("freeze-t-red-a")\nforbid (principal == Agent::"t/red/a", action, resource);\n')
+    with open(policies / "default.cedar", "a") as fh:
+        fh.write("\n// frozen: t/red/a\n")
     assert client.app.state.services.policy.reload() == "ok"  # type: ignore[attr-defined]
     r = client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key})
     assert r.status_code == 403  # forbid overrides permit: the whole new set is in force
@@ -315,10 +317,14 @@ def _configmap_layout(root: Path, version: str, source: Path) -> None:
     tmp_link = root / "..data_tmp"
     tmp_link.symlink_to(version)
     tmp_link.rename(root / "..data")  # atomic swap, as the kubelet does
-    for entry in source.iterdir():
-        link = root / entry.name
+    names = {entry.name for entry in source.iterdir()}
+    for link in root.iterdir():
+        if link.is_symlink() and not link.name.startswith("..") and link.name not in names:
+            link.unlink()  # the kubelet removes the links of keys that left the ConfigMap
+    for name in names:
+        link = root / name
         if not link.is_symlink():
-            link.symlink_to(Path("..data") / entry.name)
+            link.symlink_to(Path("..data") / name)
 
 
 def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_path: Path) -> None:
@@ -330,6 +336,7 @@ def test_reload_from_a_kubernetes_configmap_volume(ledger: SQLiteLedger, tmp_pat
     assert handle.reload() == "unchanged"
     update = tmp_path / "update"
     shutil.copytree(POLICIES, update)
+    (update / "invariants").mkdir()
     shutil.copy(BROKEN, update / "invariants" / "zz-broken-policy-as-invariant.cedar")  # only invariants/ changes
     _configmap_layout(mounted, "..2026_02", update)
     assert handle.reload() in ("invalid", "invariant_violation")  # the change below a symlinked dir is seen
@@ -349,10 +356,10 @@ def test_reload_when_policy_check_cannot_run_keeps_the_old_set(ledger: SQLiteLed
     handle = client.app.state.services.policy  # type: ignore[attr-defined]
     engine = handle.engine
 
-    def broken(directory: Path, timeout_s: float) -> tuple[bool, str]:
+    def broken(*args: Any) -> Any:
         raise OSError("no interpreter")
 
-    monkeypatch.setattr(pr, "check_invariants", broken)
+    monkeypatch.setattr(pr, "run_gate", broken)
     with open(policies / "default.cedar", "a") as fh:
         fh.write("\n// unchecked\n")
     assert handle.reload() == "error" and handle.engine is engine

@@ -1,0 +1,33 @@
+"""Reading a sidecar's decision log (the JSON-lines file sink) in integration tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+# Every decision event carries these fields (sidecar/decisionlog.py).
+FIELDS = {"request_id", "principal", "key_id", "method", "operation", "action", "resource", "decision", "reason",
+          "status", "mode", "policy_sha256", "policies", "deny_policies", "evaluation_errors", "rows_allowed",
+          "rows_denied", "rows_hidden_superseded", "rows_hidden_deleted", "rows_unknown", "row_deny_reasons",
+          "row_ids", "latency_us", "stripped_headers"}
+
+
+def decision(log: Path, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The decision event of `request_id` (the response's X-Request-Id) in the sink file `log`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+            event = json.loads(line)
+            if event.get("event") == "decision" and event.get("request_id") == request_id:
+                assert FIELDS <= set(event), FIELDS - set(event)
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no decision event for request {request_id} in {log}")
+        time.sleep(0.05)
+
+
+def file_sink(path: Path, **extra: str) -> dict[str, str]:
+    """Environment for a sidecar logging to the file `path`."""
+    return {"MEMWARDEN_DECISION_LOG_SINK": "file", "MEMWARDEN_DECISION_LOG_PATH": str(path), **extra}

@@ -1,0 +1,77 @@
+"""Shadow mode through a real `memwarden serve` on Chroma with the default ``PUSHDOWN=scope``: the pushdown
+widens to the tenant by itself, so get, query and count return every row of the tenant that enforcement
+would hide, each logged as a would-deny with its reason — and tenant isolation stays enforced (Cedar's
+cross-tenant denials are not turned into allows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from sidecar.harness import Server, start_sidecar
+from tests.integration.conftest import POLICIES, Stack
+from tests.integration.logutil import decision, file_sink
+
+pytestmark = pytest.mark.integration
+
+SHADOW = {"MEMWARDEN_SHADOW_MODE": "true", "MEMWARDEN_SHADOW_MODE_CONFIRM": "decisions-are-not-enforced"}
+
+
+@pytest.fixture(scope="module")
+def shadow(tmp_path_factory: pytest.TempPathFactory, chroma_server: Server) -> Iterator[tuple[Stack, Path]]:
+    tmp = tmp_path_factory.mktemp("shadow")
+    log = tmp / "decisions.jsonl"
+    side = start_sidecar(chroma_server.url, tmp / "ledger.db", POLICIES, extra_env=file_sink(log, **SHADOW))
+    yield Stack(chroma_server, side, tmp / "ledger.db"), log
+    side.stop()
+
+
+def call(stack: Stack, log: Path, method: str, path: str, key: str, **kw: Any) -> tuple[httpx.Response, dict[str, Any]]:
+    with stack.http(key) as h:
+        r = h.request(method, path, **kw)
+    return r, decision(log, r.headers["x-request-id"])
+
+
+def test_get_query_count_return_would_deny_rows_with_reasons(shadow: tuple[Stack, Path]) -> None:
+    stack, log = shadow
+    t = stack.tenant("sh")
+    owner = stack.key(t.name, "red", "owner", 1)
+    peer = stack.key(t.name, "blue", "peer", 1)  # another fleet, trust 1: reads neither agent nor red fleet rows
+    base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
+    with stack.http(owner) as h:
+        r = h.post(f"{base}/add", json={"ids": ["a1", "f1", "t1"], "embeddings": [[1.0, 0.0], [0.9, 0.1], [0.8, 0.2]],
+                                         "metadatas": [{"mw_scope": "agent"}, {"mw_scope": "fleet"}, {"mw_scope": "tenant"}]})
+        assert r.status_code == 200
+    assert stack.http().get("/_memwarden/readyz").json()["mode"] == "shadow"
+    r, e = call(stack, log, "POST", f"{base}/get", peer, json={})
+    assert sorted(r.json()["ids"]) == ["a1", "f1", "t1"]  # enforcement would return only t1
+    assert (e["mode"], e["decision"], e["would_deny"], e["would_deny_reasons"]) == ("shadow", "allow", 2, {"no_permit": 2})
+    assert sorted(e["would_deny_row_ids"]) == ["a1", "f1"] and "shadow-mode:would-deny" in e["policies"]
+    r, e = call(stack, log, "POST", f"{base}/query", peer, json={"query_embeddings": [[1.0, 0.0]], "n_results": 3})
+    assert sorted(r.json()["ids"][0]) == ["a1", "f1", "t1"] and e["would_deny"] == 2
+    r, e = call(stack, log, "GET", f"{base}/count", peer)
+    assert r.json() == 3 and e["would_deny"] == 2 and e["would_deny_reasons"] == {"no_permit": 2}
+    # the owner's own reads have nothing to shadow
+    r, e = call(stack, log, "POST", f"{base}/get", owner, json={})
+    assert sorted(r.json()["ids"]) == ["a1", "f1", "t1"] and e["would_deny"] == 0
+
+
+def test_tenant_isolation_is_enforced_in_shadow_mode(shadow: tuple[Stack, Path]) -> None:
+    stack, log = shadow
+    t, u = stack.tenant("shA"), stack.tenant("shB")
+    mallory = stack.key(t.name, "red", "mallory", 3)
+    # Cedar denies these by forbid-cross-tenant; shadow mode keeps them denied
+    r, e = call(stack, log, "GET", f"/api/v2/tenants/{u.name}/databases", mallory)
+    assert r.status_code == 403 and (e["decision"], e["reason"], e["would_deny"]) == ("deny", "forbid", 0)
+    r, e = call(stack, log, "POST", f"/api/v2/tenants/{u.name}/databases", mallory, json={"name": "stolen"})
+    assert r.status_code == 403 and e["deny_policies"] == ["forbid-cross-tenant"]
+    r, e = call(stack, log, "DELETE", f"/api/v2/tenants/{u.name}/databases/default_database", mallory)
+    assert r.status_code == 403
+    with stack.http(u.admin_key) as h:  # the other tenant's database is still there
+        assert h.get(f"/api/v2/tenants/{u.name}/databases/default_database").status_code == 200
+    r, e = call(stack, log, "POST", f"/api/v2/tenants/{u.name}/databases/default_database/collections/{u.collection_id}/get",
+                mallory, json={})
+    assert r.status_code == 404 and e["reason"] == "unknown_collection"
