@@ -72,12 +72,12 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Stack, Path]) ->
     r, e = call(stack, log, "POST", f"{base}/get", None, json={})
     assert r.status_code == 401 and (e["decision"], e["reason"], e["principal"]) == ("deny", "not_authenticated", None)
     assert e["policy_sha256"] == sha  # the set in force, though Cedar was never asked
-    # 403: Cedar's deny (no permit for a trust-0 write), and a route memwarden blocks
+    # 403: Cedar's deny (no permit for a trust-0 write), and a deployment-wide route (operators only)
     r, e = call(stack, log, "POST", f"{base}/add", reader, json={"ids": ["n"], "embeddings": [[0.1, 0.2]]})
     assert r.status_code == 403 and (e["decision"], e["reason"], e["action"]) == ("deny", "no_permit", "write")
     assert e["deny_policies"] is None and e["row_deny_reasons"] is None
     r, e = call(stack, log, "POST", "/api/v2/reset", owner)
-    assert r.status_code == 403 and (e["decision"], e["reason"]) == ("deny", "blocked_route")
+    assert r.status_code == 403 and (e["decision"], e["reason"], e["action"]) == ("deny", "no_permit", "reset")
     # 403 by a forbid: another tenant's namespace
     r, e = call(stack, log, "GET", "/api/v2/tenants/someone-else/databases", owner)
     assert r.status_code == 403 and (e["decision"], e["reason"], e["deny_policies"]) == ("deny", "forbid", ["forbid-cross-tenant"])

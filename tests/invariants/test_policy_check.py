@@ -182,10 +182,12 @@ def test_uncovered_action_and_vacuous_invariant_fail() -> None:
     only_scope = [i for i in proj.invariants if i.id == "inv-scope"]
     results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope)
     uncovered = {r.action for r in results if r.status == "UNCOVERED"}
-    assert uncovered == {"write", "update", "delete", "redistribute", "search", "delete_bulk", "list", "admin"}
+    assert uncovered == {"write", "update", "delete", "supersede", "redistribute", "search", "delete_bulk", "list", "admin",
+                         "configure", "reset", "manage_tenants"}
     rest = parse_text('@id("rest") @kind("unconstrained")\npermit (principal, action in [Action::"write", '
-                      'Action::"update", Action::"delete", Action::"redistribute", Action::"search", '
-                      'Action::"delete_bulk", Action::"list", Action::"admin"], resource);\n', "rest.cedar").policies
+                      'Action::"update", Action::"delete", Action::"supersede", Action::"redistribute", Action::"search", '
+                      'Action::"delete_bulk", Action::"list", Action::"admin", Action::"configure", Action::"reset", '
+                      'Action::"manage_tenants"], resource);\n', "rest.cedar").policies
     results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope + load_invariants(rest))
     assert {r.status for r in results} == {"PROVED"}
     # An invariant that applies to no request (a monotone bound on an attribute the schema lacks) is
