@@ -29,7 +29,11 @@ class Upstream:
         self._client = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            # Idle connections are dropped after 2 s, below uvicorn's default keep-alive timeout (5 s, the
+            # Mem0 REST server's): with httpx's default expiry (5 s) a request could take a connection the
+            # backend was closing at that moment and fail as "backend unreachable".
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=2.0),
             headers=headers,
             transport=transport,
             follow_redirects=False,
