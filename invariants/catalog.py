@@ -255,7 +255,7 @@ def _counterexample(schema: Schema, schema_text: str | None, policies: list[Poli
     """Write the model out as Cedar JSON, re-evaluate that concrete input with the Z3
     model (``concrete.evaluate``) and with Cedar, and check that both agree and that it
     really violates the invariant."""
-    request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req),
+    request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                         cx.entities_json(model, schema, q.store))
     mv = evaluate(schema, policies, request, entities)
     cedar = authorize(request, policies, entities, schema_text)
@@ -273,7 +273,7 @@ def _counterexample(schema: Schema, schema_text: str | None, policies: list[Poli
         ok = ok and bool(mv["errors"])
     elif inv.kind == "monotone":
         store2, _ = extra
-        _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req),
+        _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                        cx.entities_json(model, schema, store2))
         mv2 = evaluate(schema, policies, request, entities2)
         cedar2 = authorize(request, policies, entities2, schema_text)
@@ -378,7 +378,7 @@ def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new
                     parts.append(_EnvCheck("UNKNOWN", dt, why))
                     continue
                 try:
-                    request, entities = cx.readable_ids(store, cx.request_json(model, req),
+                    request, entities = cx.readable_ids(store, cx.request_json(model, req, store.reg.codec),
                                                         cx.entities_json(model, schema, store))
                 except Unsupported as exc:
                     parts.append(_EnvCheck("UNKNOWN", dt, f"counterexample: {exc}"))

@@ -115,7 +115,7 @@ def run(
     except PolicyInvalid as exc:
         raise typer.Exit(_invalid(exc, fmt, console)) from None
     except Unsupported as exc:
-        Console(stderr=True).print(f"UNKNOWN: {exc}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"UNKNOWN: {exc}", highlight=False, markup=False)
         raise typer.Exit(3) from None
     except PolicyCheckError as exc:
         Console(stderr=True).print(f"error: {exc}", highlight=False)

@@ -21,39 +21,40 @@ import z3
 from .engine import Policy
 from .schema import CedarType, Schema, TBool, TEntity, TLong, TRecord, TSet, TString
 from .translate import Registry, Request, Store, Translator, Val, background, policy_set_terms
+from .zstring import Codec
 
 __all__ = ["evaluate"]
 
 
-def _lit(ty: CedarType, v: Any) -> z3.ExprRef:
+def _lit(ty: CedarType, v: Any, codec: Codec) -> z3.ExprRef:
     if isinstance(ty, TBool):
         return z3.BoolVal(bool(v))
     if isinstance(ty, TLong):
         return z3.IntVal(int(v))
     if isinstance(ty, TString):
-        return z3.StringVal(v)
+        return codec.encode(v)
     if isinstance(ty, TEntity):
-        return z3.StringVal(v["__entity"]["id"])
+        return codec.encode(v["__entity"]["id"])
     if isinstance(ty, TSet):
         from .translate import sort_of
         arr = z3.K(sort_of(ty).domain(), z3.BoolVal(False))
         for x in v:
-            arr = z3.Store(arr, _lit(ty.elem, x), z3.BoolVal(True))
+            arr = z3.Store(arr, _lit(ty.elem, x, codec), z3.BoolVal(True))
         return arr
     raise TypeError(f"no literal for {ty}")
 
 
-def _pin(val: Val, v: Any, present: z3.BoolRef | None = None) -> list[z3.BoolRef]:
+def _pin(val: Val, v: Any, codec: Codec) -> list[z3.BoolRef]:
     if isinstance(val.ty, TRecord):
         out: list[z3.BoolRef] = []
         for n, (pres, sub) in val.term.items():
             if n in v:
                 out.append(pres)
-                out.extend(_pin(sub, v[n]))
+                out.extend(_pin(sub, v[n], codec))
             else:
                 out.append(z3.Not(pres))
         return out
-    return [val.term == _lit(val.ty, v)]
+    return [val.term == _lit(val.ty, v, codec)]
 
 
 def _closure(entities: list[dict[str, Any]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
@@ -81,14 +82,23 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
     req = Request.make(schema, reg, action, request["principal"]["type"], request["resource"]["type"])
     q = policy_set_terms(Translator(schema, store, req), policies)
     axioms = background(schema, store, [req])  # before pinning adds terms of its own
-    pins: list[z3.BoolRef] = [req.p == z3.StringVal(request["principal"]["id"]),
-                              req.r == z3.StringVal(request["resource"]["id"])]
-    pins += _pin(req.ctx, request.get("context", {}))
+    # Only the store functions the formula uses need pinning (an attribute, presence test or ancestor
+    # relation nothing mentions cannot change the decision); existence is pinned for every id.
+    used = set(reg.functions)
+
+    def mentioned(typ: str, name: str) -> bool:
+        path = f"{typ}.{name}"
+        return any(f == path or f.startswith(path + ".") or f == f"has:{path}" or f.startswith(f"has:{path}.")
+                   for f in used)
+    codec = reg.codec
+    pins: list[z3.BoolRef] = [req.p == codec.encode(request["principal"]["id"]),
+                              req.r == codec.encode(request["resource"]["id"])]
+    pins += _pin(req.ctx, request.get("context", {}), codec)
     ids: set[tuple[str, str]] = set(extra_ids)
     for typ, terms in reg.entities.items():  # entity literals of the policies
         for t in terms.values():
             if z3.is_string_value(t):
-                ids.add((typ, t.as_string()))
+                ids.add((typ, codec.decode(t)))
     ids.add((request["principal"]["type"], request["principal"]["id"]))
     ids.add((request["resource"]["type"], request["resource"]["id"]))
 
@@ -113,20 +123,24 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
     for typ, eid in sorted(ids):
         if typ not in schema.entities:
             continue
-        x = z3.StringVal(eid)
+        x = codec.encode(eid)
         ent = by_uid.get((typ, eid))
         pins.append(store.exists(typ, x) == z3.BoolVal(ent is not None))
         if ent is not None:
             for name, a in schema.entities[typ].attrs.fields:
+                if not mentioned(typ, name):
+                    continue
                 present = name in ent.get("attrs", {})
                 if not a.required:
                     pins.append(store.has(typ, name, x) == z3.BoolVal(present))
                 if present:
-                    pins += _pin(store.attr(typ, name, x), ent["attrs"][name])
+                    pins += _pin(store.attr(typ, name, x), ent["attrs"][name], codec)
         for u in schema.ancestor_types(typ):
+            if f"anc:{typ}:{u}" not in used:
+                continue
             for utyp, uid in ids:
                 if utyp == u:
-                    pins.append(store.anc(typ, u, x, z3.StringVal(uid)) ==
+                    pins.append(store.anc(typ, u, x, codec.encode(uid)) ==
                                 z3.BoolVal((u, uid) in tc.get((typ, eid), set())))
     s = z3.Solver()
     s.add(*axioms)

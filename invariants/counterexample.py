@@ -21,12 +21,21 @@ import z3
 from .errors import Unsupported
 from .schema import CedarType, Schema, TBool, TEntity, TLong, TRecord, TSet, TString
 from .translate import Request, Store, Val
+from .zstring import Codec, code_points
 
 __all__ = ["request_json", "entities_json", "finite_sets_constraint", "value_json", "set_members"]
 
 
 def _ev(model: z3.ModelRef, t: z3.ExprRef) -> z3.ExprRef:
     return model.eval(t, model_completion=True)
+
+
+def _key(v: z3.ExprRef) -> object:
+    """A dictionary key for a model value: a string value by its code points (its printed form is
+    not injective), anything else by its S-expression."""
+    if z3.is_string_value(v):
+        return ("str", tuple(code_points(v)))
+    return v.sexpr()
 
 
 def set_members(model: z3.ModelRef, t: z3.ExprRef) -> list[z3.ExprRef]:
@@ -49,51 +58,54 @@ def set_members(model: z3.ModelRef, t: z3.ExprRef) -> list[z3.ExprRef]:
     if not z3.is_false(default):
         raise Unsupported("a counterexample needing an infinite set")
     # ``writes`` runs from the outermost (latest) store inwards: the first write wins.
-    seen: dict[str, tuple[z3.ExprRef, bool]] = {}
+    seen: dict[object, tuple[z3.ExprRef, bool]] = {}
     for key, val in writes:
-        seen.setdefault(key.sexpr(), (key, z3.is_true(val)))
+        seen.setdefault(_key(key), (key, z3.is_true(val)))
     return [key for key, keep in seen.values() if keep]
 
 
-def _scalar(model: z3.ModelRef, ty: CedarType, t: z3.ExprRef) -> Any:
+def _scalar(model: z3.ModelRef, ty: CedarType, t: z3.ExprRef, codec: Codec) -> Any:
     v = _ev(model, t)
     if isinstance(ty, TBool):
         return z3.is_true(v)
     if isinstance(ty, TLong):
         return v.as_long()
     if isinstance(ty, TString):
-        return v.as_string()
+        return codec.decode(v)
     if isinstance(ty, TEntity):
-        return {"__entity": {"type": ty.name, "id": v.as_string()}}
+        return {"__entity": {"type": ty.name, "id": codec.decode(v)}}
     raise Unsupported(f"value of type {ty}")
 
 
-def value_json(model: z3.ModelRef, v: Val) -> Any:
-    """Cedar JSON value of a symbolic ``Val``; records omit absent optional fields."""
+def value_json(model: z3.ModelRef, v: Val, codec: Codec) -> Any:
+    """Cedar JSON value of a symbolic ``Val``; records omit absent optional fields. Strings and entity
+    ids are decoded exactly by ``codec`` (the translation's, ``Registry.codec``)."""
     if isinstance(v.ty, TRecord):
-        return {n: value_json(model, sub) for n, (pres, sub) in v.term.items() if z3.is_true(_ev(model, pres))}
+        return {n: value_json(model, sub, codec) for n, (pres, sub) in v.term.items()
+                if z3.is_true(_ev(model, pres))}
     if isinstance(v.ty, TSet):
-        return [_scalar(model, v.ty.elem, m) for m in set_members(model, v.term)]
-    return _scalar(model, v.ty, v.term)
+        return [_scalar(model, v.ty.elem, m, codec) for m in set_members(model, v.term)]
+    return _scalar(model, v.ty, v.term, codec)
 
 
-def request_json(model: z3.ModelRef, req: Request) -> dict[str, Any]:
+def request_json(model: z3.ModelRef, req: Request, codec: Codec) -> dict[str, Any]:
     """{"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}."""
     return {
-        "principal": {"type": req.ptype, "id": _ev(model, req.p).as_string()},
+        "principal": {"type": req.ptype, "id": codec.decode(_ev(model, req.p))},
         "action": {"type": "Action", "id": req.action},
-        "resource": {"type": req.rtype, "id": _ev(model, req.r).as_string()},
-        "context": value_json(model, req.ctx),
+        "resource": {"type": req.rtype, "id": codec.decode(_ev(model, req.r))},
+        "context": value_json(model, req.ctx, codec),
     }
 
 
 def entities_json(model: z3.ModelRef, schema: Schema, store: Store) -> list[dict[str, Any]]:
     """Every mentioned entity that exists in the model, with attributes and parents."""
+    codec = store.reg.codec
     ids: dict[str, dict[str, z3.ExprRef]] = {}
     for typ, terms in store.reg.entities.items():
         for t in terms.values():
             v = _ev(model, t)
-            ids.setdefault(typ, {}).setdefault(v.as_string(), v)
+            ids.setdefault(typ, {}).setdefault(codec.decode(v), v)
     out: list[dict[str, Any]] = []
     for typ in sorted(ids):
         decl = schema.entities.get(typ)
@@ -106,7 +118,7 @@ def entities_json(model: z3.ModelRef, schema: Schema, store: Store) -> list[dict
             for name, a in decl.attrs.fields:
                 if not a.required and not z3.is_true(_ev(model, store.has(typ, name, term))):
                     continue
-                attrs[name] = value_json(model, store.attr(typ, name, term))
+                attrs[name] = value_json(model, store.attr(typ, name, term), codec)
             parents = []
             for u in sorted(schema.ancestor_types(typ)):
                 for pid, pterm in sorted(ids.get(u, {}).items()):
@@ -141,7 +153,7 @@ def readable_ids(store: Store, request: dict[str, Any], entities: list[dict[str,
     for typ, terms in store.reg.entities.items():
         for t in terms.values():
             if z3.is_string_value(t):
-                reserved.add((typ, t.as_string()))
+                reserved.add((typ, store.reg.codec.decode(t)))
     mapping: dict[tuple[str, str], str] = {}
     counters: dict[str, int] = {}
 
@@ -185,11 +197,11 @@ def model_finite_sets(model: z3.ModelRef, store: Store) -> list[z3.BoolRef]:
         while z3.is_store(v):
             keys.append(v.arg(1))
             v = v.arg(0)
-        elems: dict[str, z3.ExprRef] = {}
+        elems: dict[object, z3.ExprRef] = {}
         for k in keys + [x for x in pool if x.sort() == srt]:
             kv = _ev(model, k)
             if z3.is_true(_ev(model, z3.Select(t, kv))):
-                elems.setdefault(kv.sexpr(), kv)
+                elems.setdefault(_key(kv), kv)
         arr = z3.K(srt, z3.BoolVal(False))
         for e in elems.values():
             arr = z3.Store(arr, e, z3.BoolVal(True))

@@ -25,14 +25,20 @@ __all__ = ["Policy", "PolicyFile", "load_policy_files", "validate", "authorize",
 
 @dataclass(frozen=True)
 class Policy:
-    """One static policy: the AST, where it was written, and its display id
-    (the ``@id`` annotation, else ``file:line``)."""
+    """One policy: the AST, where it was written, and its display id (the ``@id`` annotation, else
+    ``file:line``). ``template`` marks a policy template (``?principal``/``?resource`` slots): valid Cedar
+    that Cedar evaluates only through links, which policy-check does not model (UNKNOWN)."""
 
     ast: pst.Template
     file: str
     line: int
     id: str
     text: str
+    template: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
 
 
 @dataclass
@@ -85,17 +91,19 @@ def parse_text(text: str, path: str) -> PolicyFile:
         raise PolicyInvalid([(path, line, "-", f"syntax error: {exc}")]) from exc
     if ps is None:
         return pf
-    if ps.templates:
-        # A template is a policy with slots: only linked instances are evaluated.
-        # Report them as invalid input rather than silently ignoring them.
-        tid = next(iter(ps.templates))
-        raise PolicyInvalid([(path, 1, tid, "policy templates (slots) are not supported by policy-check")])
-    pols = list(ps.static_policies.values())
-    if len(pols) != len(stmts):
+    # Cedar numbers policies and templates together in source order (policy0, policy1, ...). A template is
+    # kept, so that every check it can affect answers UNKNOWN naming it (translate: "template slot").
+    def order(kv: tuple[str, Any]) -> int:
+        m = re.fullmatch(r"policy(\d+)", kv[0])
+        return int(m.group(1)) if m else -1
+
+    pols = sorted([(k, v, False) for k, v in ps.static_policies.items()] +
+                  [(k, v, True) for k, v in ps.templates.items()], key=lambda kv: order(kv[:2]))
+    if len(pols) != len(stmts) or any(order(p[:2]) < 0 for p in pols):
         raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
-    for (ln, st), p in zip(stmts, pols):
+    for (ln, st), (_, p, tpl) in zip(stmts, pols):
         pid = p.annotations.get("id") or f"{Path(path).name}:{ln}"
-        pf.policies.append(Policy(p, path, ln, pid, st.strip()))
+        pf.policies.append(Policy(p, path, ln, pid, st.strip(), tpl))
     return pf
 
 

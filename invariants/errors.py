@@ -51,17 +51,20 @@ class PolicyInvalid(PolicyCheckError):
 
 
 class Unsupported(PolicyCheckError):
-    """A construct the translator does not model; ``construct`` names it and
-    ``policy`` (when known) names the policy or invariant containing it."""
+    """A construct the translator does not model; ``construct`` names it, ``policy`` (when known)
+    the policy or invariant containing it and ``where`` its ``file:line``."""
 
     exit_code = 3
 
-    def __init__(self, construct: str, policy: str | None = None) -> None:
-        super().__init__(f"{policy + ': ' if policy else ''}unmodelled construct: {construct}")
-        self.construct, self.policy = construct, policy
+    def __init__(self, construct: str, policy: str | None = None, where: str | None = None) -> None:
+        # a policy without @id is named by its file:line already
+        shown = (where, policy if not (where and policy and where.endswith(policy)) else None)
+        head = "".join(f"{x}: " for x in shown if x)
+        super().__init__(f"{head}unmodelled construct: {construct}")
+        self.construct, self.policy, self.where = construct, policy, where
 
 
 class SchemaUnsupported(Unsupported):
-    def __init__(self, construct: str, line: int) -> None:
-        super().__init__(f"{construct} (schema line {line})")
-        self.line = line
+    def __init__(self, construct: str, line: int, file: str | None = None) -> None:
+        super().__init__(construct, where=f"{file or 'schema'}:{line}")
+        self.line, self.file = line, file

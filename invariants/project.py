@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .catalog import Invariant, load_invariants
 from .engine import Policy, PolicyFile, parse_text, validate
-from .errors import InputError, PolicyInvalid, SchemaSyntaxError
+from .errors import InputError, PolicyInvalid, SchemaSyntaxError, SchemaUnsupported
 from .schema import Schema, parse_schema
 
 __all__ = ["BASELINE_DIR", "Project", "load_project", "find_schema", "baseline_files"]
@@ -141,6 +141,8 @@ def load_project(root: Path, extra_invariants: list[Path] | None = None, schema_
         schema = parse_schema(text)
     except SchemaSyntaxError as exc:
         raise SchemaSyntaxError(str(exc).split(": ", 1)[-1], exc.line, _label(sp, shown)) from exc
+    except SchemaUnsupported as exc:
+        raise SchemaUnsupported(exc.construct, exc.line, _label(sp, shown)) from exc
     policies = [p for f in _parse(sorted(root.glob("*.cedar")), shown) for p in f.policies]
     validate(policies, text)
     invs: list[Invariant] = []

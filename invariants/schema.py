@@ -9,9 +9,9 @@ record type, parent action ids).
 Both schema formats of the Cedar reference are accepted
 (https://docs.cedarpolicy.com/schema/human-readable-schema-grammar.html and
 https://docs.cedarpolicy.com/schema/json-schema.html), without namespaces: the
-default memwarden schema declares none.  A construct outside this subset (a namespace,
-entity tags, enumerated entity types) raises ``SchemaUnsupported``; the caller reports
-the check UNKNOWN rather than guessing.
+default memwarden schema declares none.  Entity tag declarations are read (the policies that use
+tags are UNKNOWN, see ``translate``).  A construct outside this subset (a namespace, enumerated
+entity types) raises ``SchemaUnsupported``; the caller reports the check UNKNOWN rather than guessing.
 
 Errors: ``SchemaSyntaxError`` (malformed text, with line), ``SchemaUnsupported``.
 """
@@ -103,9 +103,13 @@ _EMPTY = TRecord(())
 
 @dataclass(frozen=True)
 class EntityDecl:
+    """``tags``: the declared tag type, or None. Tags are observable only through ``hasTag``/``getTag``,
+    which the translator answers UNKNOWN; policies that do not use them are checked as usual."""
+
     name: str
     attrs: TRecord = _EMPTY
     member_of: tuple[str, ...] = ()
+    tags: "CedarType | None" = None
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,7 @@ class _Parser:
                 names = self.names()
                 parents: list[str] = []
                 attrs: object = ("record", [])
+                tags: object = None
                 while self.peek() not in (";", None):
                     t = self.peek()
                     if t == "in":
@@ -285,13 +290,16 @@ class _Parser:
                         self.next()
                     elif t == "{":
                         attrs = self.record()
-                    elif t in ("tags", "enum"):
-                        raise SchemaUnsupported(f"entity {t}", self.line())
+                    elif t == "tags":
+                        self.next()
+                        tags = self.type_()
+                    elif t == "enum":
+                        raise SchemaUnsupported("enumerated entity type", self.line())
                     else:
                         raise SchemaSyntaxError(f"unexpected {t!r}", self.line())
                 self.expect(";")
                 for n in names:
-                    ents.append((n, attrs, parents))
+                    ents.append((n, attrs, parents, tags))
             elif kw == "action":
                 names = self.names()
                 parents = []
@@ -381,10 +389,11 @@ def _parse_human(text: str) -> Schema:
     ents, acts = p.parse()
     names = {e[0] for e in ents}
     schema = Schema()
-    for n, attrs, parents in ents:
+    for n, attrs, parents, tags in ents:
         rec = _resolve(attrs, p.common, names)
         assert isinstance(rec, TRecord)
-        schema.entities[n] = EntityDecl(n, rec, tuple(parents))
+        schema.entities[n] = EntityDecl(n, rec, tuple(parents),
+                                        _resolve(tags, p.common, names) if tags is not None else None)
     for n, applies, parents in acts:
         ctx = _resolve(applies["context"], p.common, names) if "context" in applies else _EMPTY
         if not isinstance(ctx, TRecord):
@@ -424,12 +433,13 @@ def _parse_json(text: str) -> Schema:
     names = set(ns.get("entityTypes", {}))
     schema = Schema()
     for n, d in ns.get("entityTypes", {}).items():
-        if "tags" in d or "enum" in d:
-            raise SchemaUnsupported("entity tags/enum", 0)
+        if "enum" in d:
+            raise SchemaUnsupported(f"enumerated entity type {n}", 0)
         shape = d.get("shape", {"type": "Record", "attributes": {}})
         rec = _json_type(shape, common, names)
         assert isinstance(rec, TRecord)
-        schema.entities[n] = EntityDecl(n, rec, tuple(d.get("memberOfTypes", [])))
+        tags = _json_type(d["tags"], common, names) if "tags" in d else None
+        schema.entities[n] = EntityDecl(n, rec, tuple(d.get("memberOfTypes", [])), tags)
     for n, d in ns.get("actions", {}).items():
         ap = d.get("appliesTo") or {}
         ctx = _json_type(ap["context"], common, names) if "context" in ap else _EMPTY

@@ -21,11 +21,16 @@ the authorization algorithm, https://docs.cedarpolicy.com/auth/authorization.htm
   [-2^63, 2^63-1] on ``+ - *`` and negation, are errors.  ``&&``, ``||`` and
   ``if-then-else`` short-circuit exactly as Cedar does.  A policy whose condition errors
   is not satisfied; it is reported in ``PolicyTerm.err``.
+* **Strings** and entity ids are Z3 string values built from their code points by the registry's
+  ``zstring.Codec`` (never through Z3's string-literal parser, which interprets escape text), with the
+  characters above Z3's range mapped one-to-one onto reserved code points; ``like`` patterns are
+  regular expressions over the same encoding (``*`` any sequence, Cedar's ``\\*`` a literal star).
 * **Decision**: Allow iff some permit is satisfied and no forbid is satisfied.
-* Not modelled (raise ``Unsupported``, which the caller reports as UNKNOWN): extension
-  types and functions (ip, decimal, datetime, duration), entity tags, templates/slots,
-  sets of sets or records, ``in`` against a non-literal set whose elements may be
-  ancestors, operations on ``Action`` other than ``==``/``in`` with literals.
+* Not modelled (raise ``Unsupported`` naming the construct, the policy and its file:line, which the
+  caller reports as UNKNOWN): extension types and functions (ip, decimal, datetime, duration),
+  entity tags (``hasTag``/``getTag``), template slots (``?principal``/``?resource``), sets of sets or
+  records, ``in`` against a non-literal set whose elements may be ancestors, operations on ``Action``
+  other than ``==``/``in`` with literals.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from .engine import Policy
 from .errors import Unsupported
 from .schema import (BOOL, LONG, STRING, Attr, CedarType, Schema, TBool, TEntity, TExt, TLong,
                      TRecord, TSet, TString)
+from .zstring import Codec
 
 __all__ = ["Val", "Registry", "Store", "Request", "Translator", "PolicyTerm", "LONG_MIN", "LONG_MAX",
            "sort_of", "policy_set_terms", "Query"]
@@ -87,6 +93,8 @@ class Registry:
     longs: dict[int, z3.ArithRef] = field(default_factory=dict)
     sets: dict[int, tuple[z3.ExprRef, CedarType]] = field(default_factory=dict)
     elems: dict[int, z3.ExprRef] = field(default_factory=dict)  # scalars that may be set members
+    codec: Codec = field(default_factory=Codec)  # Cedar strings <-> Z3 string values (``zstring``)
+    functions: set[str] = field(default_factory=set)  # store functions used (``concrete`` pins only these)
 
     def entity(self, typ: str, t: z3.ExprRef) -> None:
         if typ != ACTION:
@@ -94,6 +102,9 @@ class Registry:
 
     def terms(self, typ: str) -> list[z3.ExprRef]:
         return list(self.entities.get(typ, {}).values())
+
+
+_DECLS: dict[tuple[str, ...], z3.FuncDeclRef] = {}
 
 
 class Store:
@@ -115,7 +126,12 @@ class Store:
         return Store(self.schema, self.reg, self.tag, {**self.overrides, **overrides})
 
     def _f(self, name: str, *sorts: z3.SortRef) -> z3.FuncDeclRef:
-        return z3.Function(f"{self.tag}{name}", *sorts)
+        self.reg.functions.add(name)
+        key = (f"{self.tag}{name}", *(str(x.get_id()) for x in sorts))
+        f = _DECLS.get(key)
+        if f is None:  # declaring is costly in z3's Python API; a name and sorts always give the same decl
+            f = _DECLS[key] = z3.Function(key[0], *sorts)
+        return f
 
     def exists(self, typ: str, x: z3.ExprRef) -> z3.BoolRef:
         return self._f(f"exists:{typ}", z3.StringSort(), z3.BoolSort())(x)
@@ -229,14 +245,14 @@ class Translator:
         self.where = pol.id
         a = pol.ast
         try:
+            if not self._action_scope(a.action):
+                return None
             conds: list[Any] = []
             for var, sc in (("principal", a.principal), ("resource", a.resource)):
                 c = self._scope(var, sc)
                 if c is None:
                     return None
                 conds.append(c)
-            if not self._action_scope(a.action):
-                return None
             val, err = Val(BOOL, z3.And(*conds) if conds else T), F
             for cl in a.clauses:
                 body: Any = cl.expr
@@ -245,11 +261,11 @@ class Translator:
                 val, err = self._and((val, err), body)
             return PolicyTerm(pol, z3.And(val.term, z3.Not(err)), err)
         except Unsupported as exc:
-            raise Unsupported(exc.construct, pol.id) from None
+            raise Unsupported(exc.construct, pol.id, pol.where) from None
 
     def _entity_of(self, e: Any) -> Val:
         if isinstance(e, pst.Slot):
-            raise Unsupported("template slot")
+            raise Unsupported(_slot(e))
         return self._lit_entity(e)
 
     def _scope(self, var: str, sc: Any) -> z3.BoolRef | None:
@@ -290,12 +306,12 @@ class Translator:
         if name == "resource":
             return Val(TEntity(self.req.rtype), self.req.r)
         if name == "action":
-            return Val(TEntity(ACTION), z3.StringVal(self.req.action))
+            return Val(TEntity(ACTION), self.store.reg.codec.encode(self.req.action))
         return self.req.ctx
 
     def _lit_entity(self, uid: pst.EntityUid) -> Val:
         typ = str(uid.type)
-        t = z3.StringVal(uid.id)
+        t = self.store.reg.codec.encode(uid.id)
         if typ != ACTION:
             if typ not in self.schema.entities:
                 raise Unsupported(f"entity type {typ} not in the schema")
@@ -310,11 +326,13 @@ class Translator:
         if isinstance(e, pst.LongLit):
             return Val(LONG, z3.IntVal(e.value)), F
         if isinstance(e, pst.StringLit):
-            return Val(STRING, z3.StringVal(e.value)), F
+            t = self.store.reg.codec.encode(e.value)
+            self.store.reg.elems[t.get_id()] = t  # a candidate member of a set in a counterexample
+            return Val(STRING, t), F
         if isinstance(e, pst.EntityLit):
             return self._lit_entity(e.value), F
         if isinstance(e, pst.Slot):
-            raise Unsupported("template slot")
+            raise Unsupported(_slot(e))
         if isinstance(e, pst.UnaryOp):
             return self._unary(e)
         if isinstance(e, pst.BinaryOp):
@@ -328,7 +346,7 @@ class Translator:
         if isinstance(e, pst.Like):
             base, err = self.expr(e.base)
             self._need(base, TString, "like")
-            return Val(BOOL, z3.InRe(base.term, _pattern(e.pattern))), err
+            return Val(BOOL, z3.InRe(base.term, _pattern(e.pattern, self.store.reg.codec))), err
         if isinstance(e, pst.Is):
             base, err = self.expr(e.base)
             if not isinstance(base.ty, TEntity):
@@ -360,7 +378,7 @@ class Translator:
 
     def _unary(self, e: pst.UnaryOp) -> tuple[Val, z3.BoolRef]:
         if e.op not in ("not", "neg", "is_empty"):
-            raise Unsupported(f"extension function {e.op} (extension types are not modelled)")
+            raise Unsupported(_unmodelled_op(e.op))
         v, err = self.expr(e.arg)
         if e.op == "not":
             self._need(v, TBool, "!")
@@ -396,7 +414,7 @@ class Translator:
             return self._and(left, e.right) if op == "and" else self._or(left, e.right)
         if op not in ("eq", "not_eq", "less", "less_eq", "greater", "greater_eq", "add", "sub", "mul",
                       "in", "contains", "contains_all", "contains_any"):
-            raise Unsupported(f"operator {op}")
+            raise Unsupported(_unmodelled_op(op))
         l, el = self.expr(e.left)
         r, er = self.expr(e.right)
         err = z3.Or(el, er)
@@ -426,6 +444,7 @@ class Translator:
             assert isinstance(l.ty, TSet)
             if not _same_kind(l.ty.elem, r.ty):
                 return Val(BOOL, F), err
+            self.store.reg.elems[r.term.get_id()] = r.term
             return Val(BOOL, z3.Select(l.term, r.term)), err
         self._need(r, TSet, op)
         assert isinstance(l.ty, TSet) and isinstance(r.ty, TSet)
@@ -476,7 +495,7 @@ class Translator:
             x, y = z3.simplify(l.term), z3.simplify(r.term)
             if not (z3.is_string_value(x) and z3.is_string_value(y)):
                 raise Unsupported("`in` on a non-literal action")
-            xs, ys = x.as_string(), y.as_string()
+            xs, ys = self.store.reg.codec.decode(x), self.store.reg.codec.decode(y)
             return z3.BoolVal(xs == ys or ys in self.schema.action_ancestors(xs))
         parts = []
         if t == u:
@@ -567,6 +586,32 @@ class Translator:
         return Val(TSet(ty), arr, vals), _seq_err(errs)
 
 
+# Cedar's names for the operators of ``cedarpy.pst`` that are not modelled.
+_TAGS = {"has_tag": "hasTag", "get_tag": "getTag"}
+_EXTENSION = {
+    "ip": "ip()", "decimal": "decimal()", "datetime": "datetime()", "duration": "duration()",
+    "is_ipv4": "isIpv4()", "is_ipv6": "isIpv6()", "is_loopback": "isLoopback()", "is_multicast": "isMulticast()",
+    "is_in_range": "isInRange()", "to_date": "toDate()", "to_time": "toTime()", "to_milliseconds": "toMilliseconds()",
+    "to_seconds": "toSeconds()", "to_minutes": "toMinutes()", "to_hours": "toHours()", "to_days": "toDays()",
+    "offset": "offset()", "duration_since": "durationSince()", "decimal_less_than": "lessThan()",
+    "decimal_less_eq": "lessThanOrEqual()", "decimal_greater": "greaterThan()",
+    "decimal_greater_eq": "greaterThanOrEqual()",
+}
+
+
+def _unmodelled_op(op: str) -> str:
+    if op in _TAGS:
+        return f"entity tags ({_TAGS[op]}): tags are not modelled"
+    if op in _EXTENSION:
+        return f"extension function {_EXTENSION[op]}: extension types (ipaddr, decimal, datetime, duration) " \
+               "are not modelled"
+    return f"operator {op}"
+
+
+def _slot(e: pst.Slot) -> str:
+    return f"template slot ?{e.name}: a policy template is evaluated only through its links, which are not modelled"
+
+
 def _seq_err(errs: list[z3.BoolRef]) -> z3.BoolRef:
     errs = [x for x in errs if not z3.is_false(x)]
     return z3.Or(*errs) if errs else F
@@ -576,19 +621,21 @@ def _same_kind(a: CedarType, b: CedarType) -> bool:
     return a == b
 
 
-def _pattern(elems: Iterable[Any]) -> z3.ReRef:
+def _pattern(elems: Iterable[Any], codec: Codec) -> z3.ReRef:
+    """A Cedar ``like`` pattern (``pst.Char``/``pst.Wildcard`` items, escapes already resolved by
+    Cedar's parser: ``\\*`` is a literal star) as a Z3 regular expression; ``*`` matches any sequence."""
     parts: list[z3.ReRef] = []
     buf = ""
     for el in elems:
         if isinstance(el, pst.Wildcard):
             if buf:
-                parts.append(z3.Re(z3.StringVal(buf)))
+                parts.append(z3.Re(codec.encode(buf)))
                 buf = ""
             parts.append(z3.Star(z3.AllChar(z3.ReSort(z3.StringSort()))))
         else:
             buf += el.value
     if buf or not parts:
-        parts.append(z3.Re(z3.StringVal(buf)))
+        parts.append(z3.Re(codec.encode(buf)))
     return parts[0] if len(parts) == 1 else z3.Concat(*parts)
 
 

@@ -19,11 +19,10 @@ from invariants.engine import authorize, parse_text
 from invariants.schema import parse_schema
 
 from .conftest import SCHEMA, differential_settings
-from .strategies import IDS, scenario
+from .strategies import scenario
 
 SCHEMA_TEXT = SCHEMA.read_text(encoding="utf-8")
 SCHEMA_MODEL = parse_schema(SCHEMA_TEXT)
-ALL_IDS = [(t, i) for t, ids in IDS.items() for i in ids]
 
 
 def check_agreement(text: str, entities: list[dict[str, Any]], request: dict[str, Any]) -> bool:
@@ -32,7 +31,7 @@ def check_agreement(text: str, entities: list[dict[str, Any]], request: dict[str
         return False
     pols = parse_text(text, "generated.cedar").policies
     cedar = authorize(request, pols, entities, SCHEMA_TEXT).to_json()
-    model = evaluate(SCHEMA_MODEL, pols, request, entities, ALL_IDS)
+    model = evaluate(SCHEMA_MODEL, pols, request, entities)
     assert model == cedar, (
         "Z3 model and Cedar disagree\n"
         f"policies:\n{text}\nrequest: {json.dumps(request)}\nentities: {json.dumps(entities)}\n"

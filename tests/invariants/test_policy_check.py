@@ -32,8 +32,15 @@ def run_json(*args: str) -> tuple[int, dict[str, Any]]:
     return code, json.loads(out)
 
 
+def fixture_schema(name: str) -> Path:
+    """The fixture's own schema if it has one (a broken schema), else the default one."""
+    own = FIXTURES / name / "memwarden.cedarschema"
+    return own if own.is_file() else SCHEMA
+
+
 def check_fixture(name: str, tmp_path: Path) -> tuple[int, dict[str, Any]]:
-    return run_json(str(FIXTURES / name), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path / "cex"))
+    return run_json(str(FIXTURES / name), "--schema", str(fixture_schema(name)),
+                    "--counterexamples", str(tmp_path / "cex"))
 
 
 def test_public_api_is_pinned() -> None:
@@ -50,7 +57,7 @@ def test_default_policies_prove_everything(tmp_path: Path) -> None:
     invs = {i for i, _ in statuses}
     assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
                     "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant",
-                    "deployment-operator-only", "supersede-scope"}
+                    "deployment-operator-only", "supersede-scope", "row-ownership", "admin-tenant-admins-only"}
     # every schema action is covered, tenant isolation and never-errors on all thirteen
     actions = {"read", "write", "update", "delete", "supersede", "redistribute", "search", "delete_bulk", "list",
                "admin", "configure", "reset", "manage_tenants"}
@@ -72,6 +79,12 @@ BROKEN = [
     ("in-missing-parents", "inv-scope", "read"),
     ("tenant-admin-configures", "deployment-operator-only", "configure"),
     ("supersede-any-fact", "supersede-scope", "supersede"),
+    # issue 12: catalogue gaps that every other invariant proved
+    ("trusted-agents-change-any-row", "row-ownership", "update"),
+    ("trusted-agents-change-any-row", "row-ownership", "delete"),
+    ("search-list-rows", "inv-scope", "search"),
+    ("search-list-rows", "inv-scope", "list"),
+    ("agents-administer", "admin-tenant-admins-only", "admin"),
 ]
 
 
@@ -88,11 +101,39 @@ def test_broken_fixture_is_caught_with_replayed_counterexample(fixture: str, inv
     assert saved == cex
     # Replay it once more, independently, through cedarpy.
     pols = parse_text((FIXTURES / fixture / "policies.cedar").read_text(), "policies.cedar").policies
-    again = authorize(cex["request"], pols, cex["entities"], SCHEMA.read_text())
+    again = authorize(cex["request"], pols, cex["entities"], fixture_schema(fixture).read_text())
     if invariant == "never-errors":
         assert again.errors
     else:
         assert again.allow
+
+
+# Each catalogue gap of issue 12: exactly the new invariant fails, and the counterexample is the gap itself
+# (Cedar allows it on the broken copy and denies it on policies/).
+GAPS = {
+    "trusted-agents-change-any-row": {("row-ownership", "update"), ("row-ownership", "delete")},
+    "search-list-rows": {("inv-scope", "search"), ("inv-scope", "list")},
+    "agents-administer": {("admin-tenant-admins-only", "admin")},
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(GAPS))
+def test_catalogue_gap_is_the_only_failure_and_policies_deny_it(fixture: str, tmp_path: Path) -> None:
+    _, rep = check_fixture(fixture, tmp_path)
+    bad = {(r["invariant"], r["action"]): r for r in rep["results"] if r["status"] != "PROVED"}
+    assert set(bad) == GAPS[fixture], {k: v["status"] for k, v in bad.items()}
+    default = parse_text((POLICIES / "default.cedar").read_text(), "default.cedar").policies
+    for row in bad.values():
+        cex = row["counterexample"]
+        req, ents = cex["request"], cex["entities"]
+        p = next(e for e in ents if e["uid"] == req["principal"])
+        assert req["principal"]["type"] == "Agent" and cex["cedar"]["decision"] == "allow"
+        # policies/ (its policies under its schema) denies it; for search-list-rows the request is not even
+        # valid under the default schema, where search and list are decided on collections only
+        assert not authorize(req, default, ents, SCHEMA.read_text()).allow, "policies/ must deny the counterexample"
+        if fixture == "trusted-agents-change-any-row":
+            r = next(e for e in ents if e["uid"] == req["resource"])
+            assert r["attrs"]["owner"] != {"__entity": req["principal"]} and p["attrs"]["trust"] >= 2
 
 
 def test_tenant_admin_on_the_deployment_is_the_counterexample(tmp_path: Path) -> None:
@@ -292,7 +333,7 @@ def test_exit_3_on_unmodelled_construct(tmp_path: Path) -> None:
 def test_exit_4_when_model_and_cedar_disagree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Inject a translator bug: `like` matches exactly the strings the pattern rejects.
     real = translate._pattern
-    monkeypatch.setattr(translate, "_pattern", lambda elems: translate.z3.Complement(real(elems)))
+    monkeypatch.setattr(translate, "_pattern", lambda elems, codec: translate.z3.Complement(real(elems, codec)))
     code, rep = check_fixture("like-other-tenants", tmp_path)
     assert code == 4
     bad = [r for r in rep["results"] if r["status"] == "DISAGREE"]
