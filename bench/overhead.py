@@ -63,7 +63,7 @@ def vec(rnd: random.Random, dim: int) -> list[float]:
 
 def wrk(url: str, bodies: Path, key: str, clients: int, seconds: float) -> dict[str, float]:
     """One wrk run; returns p50/p99 (ms), req/s, errors."""
-    out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--latency", "--timeout", "30s",
+    out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "30s",
                           "-s", str(LUA), url, "--", str(bodies), key],
                          capture_output=True, text=True, timeout=seconds + 60)
     m = re.search(r"^WRK (\{.*\})$", out.stdout, re.M)
@@ -74,9 +74,13 @@ def wrk(url: str, bodies: Path, key: str, clients: int, seconds: float) -> dict[
             "errors": r["errors"] + r["non2xx"], "requests": r["requests"]}
 
 
-def backend_calls(metrics_url: str) -> float:
+def counters(metrics_url: str) -> tuple[float, float]:
+    """(backend calls, requests) the sidecar counted so far."""
     text = httpx.get(metrics_url, timeout=10, trust_env=False).text
-    return sum(float(v) for v in re.findall(r"^memwarden_backend_request_duration_seconds_count\{[^}]*\} (\S+)$", text, re.M))
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return total("memwarden_backend_request_duration_seconds_count"), total("memwarden_requests_total")
 
 
 def start_passthrough(upstream_port: int, root: Path) -> Server:
@@ -216,10 +220,12 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
                 plans = args.plans if kind == "query" else args.plans[:1]
                 targets += [(f"mw:{p}", phase.sidecars[p], phase.agent) for p in plans]
                 for name, server, key in targets:
-                    before = backend_calls(server.metrics_url) if server.metrics_url else 0.0
+                    before = counters(server.metrics_url) if server.metrics_url else (0.0, 0.0)
                     r = wrk(server.url + path, bodies, key, clients, args.seconds)
                     if server.metrics_url:
-                        r["backend_calls"] = (backend_calls(server.metrics_url) - before) / max(r["requests"], 1)
+                        time.sleep(0.5)  # requests still in flight when wrk stopped finish (and are counted)
+                        after = counters(server.metrics_url)
+                        r["backend_calls"] = (after[0] - before[0]) / max(after[1] - before[1], 1)
                     cell[name] = r
                 results.append(cell)
                 print_cell(cell, plans)
