@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Any
 import httpx
 import httptools
 
@@ -49,9 +50,11 @@ class _StaleConnection(Exception):
 class _Parsed:
     """httptools callbacks collecting one response."""
 
-    __slots__ = ("headers", "body", "size", "cap", "headers_done", "complete", "too_large")
+    __slots__ = ("parser", "headers", "body", "size", "cap", "headers_done", "complete", "too_large", "keep_alive")
 
     def __init__(self, cap: int) -> None:
+        self.parser: Any = None
+        self.keep_alive = False
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.size = 0
@@ -75,6 +78,7 @@ class _Parsed:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp resets it once the message is done
 
 
 class _Connection:
@@ -210,7 +214,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 raise _StaleConnection() from exc
             raise httpx.WriteError(f"backend write failed: {exc}", request=request) from exc
         parsed = _Parsed(self._cap)
-        parser = httptools.HttpResponseParser(parsed)
+        parser = parsed.parser = httptools.HttpResponseParser(parsed)
         received = 0
         read_timeout = timeouts.get("read")
         head_only = request.method == "HEAD"
@@ -239,7 +243,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 raise httpx.RemoteProtocolError(f"the backend's answer is not HTTP/1.1: {exc}", request=request) from exc
             if parsed.too_large:
                 raise ResponseTooLarge(f"backend answer over {self._cap} bytes", request=request)
-        keep = parsed.complete and parser.should_keep_alive() and not conn.reader._buffer  # type: ignore[attr-defined]
+        keep = parsed.complete and parsed.keep_alive and not conn.reader._buffer  # type: ignore[attr-defined]
         response = httpx.Response(parser.get_status_code(), headers=parsed.headers, content=b"".join(parsed.body),
                                   request=request, extensions={"http_version": b"HTTP/1.1"})
         return response, keep and _framed(parsed.headers)
