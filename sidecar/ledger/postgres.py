@@ -464,6 +464,14 @@ class PostgresLedger:
                 (now_us(), backend, collection_id, list(row_ids)),
             )
 
+    def visibility_counts(self, backend: str, collection_id: str) -> list[tuple[str, str, str, tuple[str, ...], str, int]]:
+        """Rows of a collection per (scope, fleet, owner, readers, status): the query planner's statistics."""
+        with self._conn() as db:
+            rows = db.execute(
+                "SELECT scope, fleet, owner, readers, status, COUNT(*) AS n FROM rows WHERE backend = %s AND collection_id = %s "
+                "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
+        return [(r["scope"], r["fleet"], r["owner"], tuple(json.loads(r["readers"])), r["status"], int(r["n"])) for r in rows]
+
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
         with self._conn() as db:
