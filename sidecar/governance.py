@@ -193,8 +193,10 @@ def fact_partition(row: "Row") -> str:
     return f"restricted:{row.owner}|{','.join(sorted(row.readers))}"
 
 
-def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners.
+def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]],
+                 extra_rows: list[Row] | None = None) -> list[dict[str, Any]]:
+    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners,
+    and the fleets and owners (not the entities) of `extra_rows`.
 
     `owners` maps agent id → Cedar entity (from the ledger's agent table); an owner the ledger does
     not know is left out (an attribute access on it errors, so a permit needing it is skipped).
@@ -210,6 +212,11 @@ def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[s
 
     for row in rows:
         add(row.entity())
+        add(fleet_entity(row.tenant, row.fleet))
+        owner = owners.get(row.owner)
+        if owner is not None:
+            add(owner)
+    for row in extra_rows or []:
         add(fleet_entity(row.tenant, row.fleet))
         owner = owners.get(row.owner)
         if owner is not None:
