@@ -113,9 +113,19 @@ def principals() -> list[Principal]:
     return out + [Principal("admin", "kadmin", "t"), Principal("admin", "kadmin2", "u")]
 
 
-@pytest.mark.parametrize("source", ["default"] + [f.parent.name for f in FIXTURES])
+# Reads through the owner to its fleet's tenant: the owner's fleet entity must be in every batch's store,
+# or a row's decision would depend on whether another row of that fleet shares its batch.
+OWNER_CHAIN = DEFAULT + """
+@id("owner-chain")
+permit(principal is Agent, action == Action::"read", resource)
+  when { resource.owner.fleet.tenant == principal.tenant && resource.owner.trust >= 2 && resource.scope == "fleet" };
+"""
+
+
+@pytest.mark.parametrize("source", ["default", "owner-chain"] + [f.parent.name for f in FIXTURES])
 def test_per_class_decisions_equal_per_row_cedar(source: str) -> None:
-    text = DEFAULT if source == "default" else (ROOT / "tests" / "invariants" / "fixtures" / source / "policies.cedar").read_text()
+    text = {"default": DEFAULT, "owner-chain": OWNER_CHAIN}.get(source) or \
+        (ROOT / "tests" / "invariants" / "fixtures" / source / "policies.cedar").read_text()
     analysis = analyse(text, SCHEMA)
     assert analysis.sound
     engine = PolicyEngine(text, SCHEMA, [Path("p.cedar")], Path("s.cedarschema"))
@@ -164,3 +174,21 @@ def test_class_answers_are_kept_per_policy_set_and_recorded_per_row() -> None:
     handle.engine = fresh
     authz.decide_rows(Exchange("POST", "/", principal=p), "read", rows)
     assert handle.calls == [2, 2, 2]
+
+
+def test_a_class_answer_does_not_depend_on_the_batch_it_was_computed_in() -> None:
+    """A row's decision reads its owner's fleet (OWNER_CHAIN): that fleet is in the store whatever other
+    rows share the batch, so an answer kept from one batch holds in another."""
+    analysis = analyse(OWNER_CHAIN, SCHEMA)
+    engine = PolicyEngine(OWNER_CHAIN, SCHEMA, [Path("p.cedar")], Path("s.cedarschema"))
+    per_row = PolicyEngine(OWNER_CHAIN, SCHEMA, [Path("p.cedar")], Path("s.cedarschema"))
+    engine.row_classes = analysis.attributes
+    ledger = ledger_with_agents()
+    by_class, by_row = Authorizer(Handle(engine), ledger), Authorizer(Handle(per_row), ledger)  # type: ignore[arg-type]
+    p = Principal("agent", "k1", "t", "green", "g", 1)  # a fleet no row is in
+    moved = Row("chroma", "c", "m", "t", "red", "t/blue/a2", "fleet", "t/blue/a2", 1)  # owner of fleet blue, trust 2
+    blue = Row("chroma", "c", "b", "t", "blue", "t/blue/a0", "agent", "t/blue/a0", 1)
+    with_blue = by_class.decide_rows(Exchange("POST", "/", principal=p), "read", [moved, blue])
+    alone = by_class.decide_rows(Exchange("POST", "/", principal=p), "read", [moved])  # from the class memo
+    want = by_row.decide_rows(Exchange("POST", "/", principal=p), "read", [moved])
+    assert with_blue[0].allowed and alone[0].allowed == want[0].allowed is True
