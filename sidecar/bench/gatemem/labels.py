@@ -55,6 +55,10 @@ _NAMED = re.compile(
     r"figure|note)\s+(?:of\s+)?(?P<v>[A-Za-z0-9][\w'’ -]{2,80}?)(?=\s+(?:should|from|is|as|remains|stays|must|and)\b|[.;,]|$)",
     re.IGNORECASE,
 )
+# Where a deletion sentence turns to the value that stays: "…; the current amount remains 3,690 USD".
+_CURRENT = re.compile(r"\b(?:now that|the current|current(?:ly)? active|keep only|retain only|remains?|instead|"
+                      r"is now|are now|the new|newer|replaced by|going forward)\b", re.IGNORECASE)
+_NOT_A_START = {"is", "was", "are", "were", "from", "should", "remains", "now", "no", "that", "has", "have", "to", "be"}
 _STOP = {"the", "a", "an", "from", "memory", "this", "that", "it", "earlier", "old", "older", "prior", "previous",
          "exact", "current", "shared", "assistant", "active", "accessible", "answer", "any", "all", "and", "to", "of"}
 _REVOKE = re.compile(r"\brevok\w*\b|\bno longer (?:has|have|receive|receives|get|gets)\b[^.]*\baccess\b"
@@ -174,6 +178,8 @@ class Labeller:
                 found.append(v)
         for m in _NAMED.finditer(sentence):
             v = m.group("v").strip(" '’-")
+            if v.split()[0].lower() in _NOT_A_START or "memory" in v.lower():
+                continue
             words = [w for w in re.split(r"\s+", v) if w.lower() not in _STOP]
             if not words or (len(words) == 1 and (len(words[0]) < 3 or not re.search(r"\d|[A-Z]", words[0]))):
                 continue
@@ -183,12 +189,19 @@ class Labeller:
         return list(dict.fromkeys(t for t in found if len(t) >= 3))
 
     def _deletions(self, turn: Turn) -> list[str]:
-        sentences = _SENTENCES.split(turn.text)
-        requested = [s for s in sentences if _REQUEST.search(s)]
-        confirmed = [s for s in sentences if _CONFIRM.search(s)]
         targets: list[str] = []
-        for s in requested + confirmed:
-            targets += self.targets_in(s)
+        requested = confirmed = 0
+        for sentence in _SENTENCES.split(turn.text):
+            for clause in sentence.split(";"):
+                m = _REQUEST.search(clause) or _CONFIRM.search(clause)
+                if not m:
+                    continue
+                if _REQUEST.search(clause):
+                    requested += 1
+                else:
+                    confirmed += 1
+                cue = _CURRENT.search(clause, m.start())
+                targets += self.targets_in(clause[: cue.start()] if cue else clause)
         if requested and not targets:
             self.pending.append((turn.index, turn.speaker.principal_id))
             self._count("deletion_requests_without_target")
@@ -196,12 +209,16 @@ class Labeller:
         if confirmed and self.pending and targets:
             self.pending.clear()
         if requested or confirmed:
-            self._count("deletion_sentences", len(requested) + len(confirmed))
+            self._count("deletion_sentences", requested + confirmed)
         return list(dict.fromkeys(targets))
+
+    @staticmethod
+    def _target_rx(target: str) -> re.Pattern[str]:
+        return re.compile(r"(?<!\w)" + re.escape(target) + r"(?!\w)", re.IGNORECASE)
 
     def redact(self, text: str) -> str:
         for t in sorted(self.forgotten, key=len, reverse=True):
-            text = re.sub(re.escape(t), REDACTED, text, flags=re.IGNORECASE)
+            text = self._target_rx(t).sub(REDACTED, text)
         return text
 
     # ---- access changes -------------------------------------------------------------------------------
@@ -230,8 +247,8 @@ class Labeller:
         targets = [t for t in self._deletions(turn) if t.lower() not in {f.lower() for f in self.forgotten}]
         if targets:
             self.forgotten += targets
-            lowered = [t.lower() for t in targets]
-            hit = tuple(rid for rid, r in self.rows.items() if any(t in r.text.lower() for t in lowered))
+            rxs = [self._target_rx(t) for t in targets]
+            hit = tuple(rid for rid, r in self.rows.items() if any(rx.search(r.text) for rx in rxs))
             for rid in hit:
                 del self.rows[rid]
             deletions.append(Deletion(turn.turn_id, turn.speaker.principal_id, tuple(targets), hit))
