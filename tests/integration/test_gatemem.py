@@ -76,8 +76,10 @@ def test_deletes_reached_chroma(result: tuple) -> None:
 
     client = chromadb.PersistentClient(path=str(cfg.out_dir / "work" / "chroma"), tenant="gmb-med000",
                                        database="gatemem", settings=chromadb.config.Settings(anonymized_telemetry=False))
-    got = client.get_collection("memories").get(ids=["t004", "t005", "t010"])
-    assert got["ids"] == ["t010"]
+    got = client.get_collection("memories").get(ids=["t004", "t005", "t010", "t004~t021"])
+    assert sorted(got["ids"]) == ["t004~t021", "t010"]
+    rewritten = got["documents"][got["ids"].index("t004~t021")]
+    assert "555-0101" not in rewritten and "[deleted]" in rewritten
     direct = chromadb.PersistentClient(path=str(cfg.out_dir / "work" / "chroma"), tenant="gma-med000",
                                        database="gatemem", settings=chromadb.config.Settings(anonymized_telemetry=False))
     assert sorted(direct.get_collection("memories").get(ids=["t004", "t005"])["ids"]) == ["t004", "t005"]

@@ -58,6 +58,10 @@ def test_deletion_request_deletes_and_redacts(plans: dict[str, labels.TurnPlan])
     (deletion,) = plans["t021"].deletions
     assert deletion.targets == ("555-0101",) and deletion.requester == "patient_ana_ruiz"
     assert set(deletion.row_ids) == {"t004", "t005"}
+    # what else those rows said is written again without the target
+    assert [w.row_id for w in deletion.rewrites] == ["t004~t021", "t005~t021"]
+    assert all("555-0101" not in w.text and labels.REDACTED in w.text for w in deletion.rewrites)
+    assert "temporary number" in deletion.rewrites[0].text and deletion.rewrites[0].owner == "patient_ana_ruiz"
     for tid in ("t021", "t022"):
         row = plans[tid].row
         assert row and "555-0101" not in row.text and labels.REDACTED in row.text

@@ -45,17 +45,20 @@ class Collection:
     def _path(self) -> str:
         return f"/api/v2/tenants/{self.tenant}/databases/{DATABASE}/collections/{self.collection_id}"
 
-    def _post(self, op: str, body: dict[str, Any], key: str | None) -> Any:
+    def _post(self, op: str, body: dict[str, Any], key: str | None, ok: tuple[int, ...] = ()) -> Any:
         headers = {"X-API-Key": key} if key else {}
         t0 = time.perf_counter()
         r = self.http.post(f"{self._path}/{op}", json=body, headers=headers)
         self.timings.add(f"{self.label}:{op}", time.perf_counter() - t0)
+        if r.status_code in ok:
+            return r.status_code
         r.raise_for_status()
         return r.json() if r.content else None
 
-    def add(self, key: str | None, row_id: str, embedding: list[float], document: str, metadata: dict[str, Any]) -> None:
-        self._post("add", {"ids": [row_id], "embeddings": [embedding], "documents": [document],
-                           "metadatas": [metadata]}, key)
+    def add(self, key: str | None, row_id: str, embedding: list[float], document: str, metadata: dict[str, Any]) -> bool:
+        """Add one row; False when memwarden refuses it with 409 (content deleted before: forgotten content)."""
+        return self._post("add", {"ids": [row_id], "embeddings": [embedding], "documents": [document],
+                                  "metadatas": [metadata]}, key, ok=(409,) if self.label != "direct" else ()) != 409
 
     def update_metadata(self, key: str | None, row_ids: list[str], metadatas: list[dict[str, Any]]) -> None:
         if row_ids:

@@ -13,8 +13,9 @@ checkpoints (`data` keeps them apart) and is deterministic.
   "should be treated as deleted", or confirming it was "cleared/deleted/removed from … memory", names targets:
   quoted strings, values (phone numbers, codes, amounts, 4+-digit numbers, ``ABC-123`` labels) and named
   phrases ("the phrase library lion should …"). A request naming none takes the targets of a confirmation in
-  the next `DELETION_WINDOW` turns. Every earlier row containing a target is deleted; from then on each target
-  is redacted (``[deleted]``) from every row written, the request's own text included.
+  the next `DELETION_WINDOW` turns. Every earlier row containing a target is deleted and written again without
+  it (what else it said stays remembered); from then on each target is redacted (``[deleted]``) from every row
+  written, the request's own text included.
 - **Access changes**: a sentence that revokes access ("revoke", "no longer has … access") of principals it
   names, or of "my mother"/"family" (the subject's family-type principals), removes them from the circle of the
   turn's subjects: later rows leave them out and earlier rows are re-scoped.
@@ -82,12 +83,14 @@ class RowPlan:
 
 @dataclass(frozen=True, slots=True)
 class Deletion:
-    """Delete every row containing one of `targets` (case-insensitive), and redact them from later rows."""
+    """Delete every row containing one of `targets` (case-insensitive, whole words), write each again without
+    them (`rewrites`: new ids, same owner and circle), and redact them from later rows."""
 
     turn_id: str
     requester: str
     targets: tuple[str, ...]
     row_ids: tuple[str, ...]  # the earlier rows that contain a target
+    rewrites: tuple[RowPlan, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +252,15 @@ class Labeller:
             self.forgotten += targets
             rxs = [self._target_rx(t) for t in targets]
             hit = tuple(rid for rid, r in self.rows.items() if any(rx.search(r.text) for rx in rxs))
+            rewrites = []
             for rid in hit:
-                del self.rows[rid]
-            deletions.append(Deletion(turn.turn_id, turn.speaker.principal_id, tuple(targets), hit))
+                old = self.rows.pop(rid)
+                text = self.redact(old.text)
+                new = RowPlan(f"{old.turn_id}~{turn.turn_id}", old.turn_id, old.owner, text,
+                              rules.categories(self.domain, text), old.subjects, old.circle)
+                self.rows[new.row_id] = new
+                rewrites.append(new)
+            deletions.append(Deletion(turn.turn_id, turn.speaker.principal_id, tuple(targets), hit, tuple(rewrites)))
             self._count("deletions")
             self._count("deleted_rows", len(hit))
         changes: list[AccessChange] = []

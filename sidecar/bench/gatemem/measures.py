@@ -56,6 +56,15 @@ def pattern_in(pattern: str, text: str) -> bool:
     return rx.search(_WS.sub(" ", text) if normalise else text) is not None
 
 
+def remove_pattern(pattern: str, text: str, replacement: str) -> str:
+    """`text` with every occurrence of `pattern` (same rule as `pattern_in`) replaced by `replacement`."""
+    compiled = _compiled(pattern)
+    if compiled is None:
+        return text
+    rx, normalise = compiled
+    return rx.sub(replacement, _WS.sub(" ", text) if normalise else text)
+
+
 def patterns_in(patterns: Iterable[str], rows: Sequence[str]) -> list[str]:
     """The patterns present in at least one of `rows`, in order."""
     return [p for p in patterns if any(pattern_in(p, r) for r in rows)]

@@ -10,7 +10,8 @@ checkpoints, just before each is asked (in file order; changes persist, later ch
 - ``utility``: the asker is added to the readers of every row containing an ``include`` pattern;
 - ``privacy``: the asker is removed from the readers of every row containing a ``not_include`` or
   ``leak_targets`` pattern;
-- ``safety``: every row containing a ``leak_targets`` pattern is deleted.
+- ``safety``: every row containing a ``leak_targets`` pattern is deleted and written again without the
+  matching text (as variant b does with its own deletion targets).
 
 The changes are made through the sidecar like any other (re-scoping by ``mw_readers``, deletes), so what is
 measured is memwarden enforcing them. Rows are whole turns: a turn that both carries needed evidence and a
@@ -22,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.bench.gatemem.data import Annotation, Probe
-from sidecar.bench.gatemem.measures import pattern_in
+from sidecar.bench.gatemem.measures import pattern_in, remove_pattern
+
+REDACTED = "[deleted]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +51,10 @@ def changes_for(probe: Probe, annotation: Annotation, texts: dict[str, str], rea
         return OracleChange(asker, (), tuple(r for r in rows if asker in readers[r]), ())
     rows = [r for r, t in texts.items() if any(pattern_in(p, t) for p in annotation.leak_targets)]
     return OracleChange(asker, (), (), tuple(rows))
+
+
+def without(text: str, patterns: tuple[str, ...]) -> str:
+    """`text` with every match of `patterns` replaced by ``[deleted]``."""
+    for p in patterns:
+        text = remove_pattern(p, text, REDACTED)
+    return text

@@ -131,6 +131,8 @@ class EpisodeReplay:
         self.b_deleted: dict[str, tuple[str, ...]] = {}
         self.c_texts: dict[str, str] = {}
         self.c_readers: dict[str, set[str]] = {}
+        self.c_owner: dict[str, str] = {}
+        self.stats: dict[str, int] = defaultdict(int)
         self.labeller = labelling.Labeller(episode)
 
     # ---- (b): readers decided by the domain's Cedar policy set ----------------------------------------
@@ -156,6 +158,16 @@ class EpisodeReplay:
     def _restricted(readers: frozenset[str] | set[str]) -> dict[str, Any]:
         return {"mw_scope": "restricted", "mw_readers": ",".join(f"{FLEET}/{p}" for p in sorted(readers))}
 
+    def _write_b(self, row: labelling.RowPlan, emb: list[float]) -> None:
+        readers, denied = self.decide_readers(row, row.circle)
+        readers = readers or frozenset({row.owner})
+        ok = self.coll["b"].add(self.keys["b"][row.owner], row.row_id, emb, row.text,
+                                {**self._restricted(readers), "turn_id": row.turn_id, "labels": ",".join(sorted(row.labels))})
+        if not ok:
+            self.stats["b_refused_forgotten_content"] += 1
+            return
+        self.b_rows[row.row_id], self.b_readers[row.row_id], self.b_denied[row.row_id] = row, readers, denied
+
     def _ingest_b(self, plan: labelling.TurnPlan, emb: list[float]) -> None:
         for d in plan.deletions:
             live = [r for r in d.row_ids if r in self.b_rows]
@@ -163,6 +175,10 @@ class EpisodeReplay:
             for r in live:
                 del self.b_rows[r]
                 self.b_deleted[r] = d.targets
+            if d.rewrites:
+                embs = self.embed([w.text for w in d.rewrites])
+                for w, e in zip(d.rewrites, embs):
+                    self._write_b(w, e)
         for ch in plan.access_changes:
             ids, metas = [], []
             for rid, circle in ch.rows:
@@ -179,24 +195,29 @@ class EpisodeReplay:
         row = plan.row
         if row is None:
             return
-        readers, denied = self.decide_readers(row, row.circle)
-        readers = readers or frozenset({row.owner})
         if row.text != plan.turn.text:
             emb = self.embed([row.text])[0]
-        self.coll["b"].add(self.keys["b"][row.owner], row.row_id, emb, row.text,
-                           {**self._restricted(readers), "turn_id": row.turn_id, "labels": ",".join(sorted(row.labels))})
-        self.b_rows[row.row_id], self.b_readers[row.row_id], self.b_denied[row.row_id] = row, readers, denied
+        self._write_b(row, emb)
 
     # ---- (c): the annotation oracle --------------------------------------------------------------------
+
+    def _write_c(self, row_id: str, owner: str, text: str, emb: list[float], readers: set[str]) -> None:
+        if self.coll["c"].add(self.keys["c"][owner], row_id, emb, text, {**self._restricted(readers), "turn_id": row_id.split("~")[0]}):
+            self.c_texts[row_id], self.c_readers[row_id], self.c_owner[row_id] = text, set(readers), owner
+        else:
+            self.stats["c_refused_forgotten_content"] += 1
 
     def _oracle_c(self, probe: Probe, ann: Annotation) -> None:
         ch = oracle.changes_for(probe, ann, self.c_texts, self.c_readers)
         coll, key = self.coll["c"], self.admin["c"]
         if ch.delete:
             coll.delete(key, list(ch.delete))
+            rewrites = []
             for r in ch.delete:
-                del self.c_texts[r]
-                del self.c_readers[r]
+                text, readers, owner = self.c_texts.pop(r), self.c_readers.pop(r), self.c_owner.pop(r)
+                rewrites.append((f"{r.split('~')[0]}~{probe.checkpoint_id[-7:]}", owner, oracle.without(text, ann.leak_targets), readers))
+            for (rid, owner, text, readers), e in zip(rewrites, self.embed([w[2] for w in rewrites])):
+                self._write_c(rid, owner, text, e, readers)
         ids, metas = [], []
         for r in ch.grant:
             self.c_readers[r].add(ch.principal)
@@ -206,8 +227,7 @@ class EpisodeReplay:
             self.c_readers[r].discard(ch.principal)
             if not self.c_readers[r]:  # nobody may read it: delete rather than leave an empty reader list
                 coll.delete(key, [r])
-                del self.c_texts[r]
-                del self.c_readers[r]
+                del self.c_texts[r], self.c_readers[r], self.c_owner[r]
                 continue
             ids.append(r)
             metas.append(self._restricted(self.c_readers[r]))
@@ -215,22 +235,27 @@ class EpisodeReplay:
 
     # ---- cause analysis (b) ------------------------------------------------------------------------------
 
-    def _b_state(self, rid: str, asker: str, pattern: str) -> str:
-        if rid in self.b_deleted:
-            return "deleted by a deletion target"
-        row = self.b_rows.get(rid)
-        if row is None:
-            return "not written"
-        if not pattern_in(pattern, row.text):
-            return "redacted"
-        if asker not in row.circle:
-            return "asker outside the row's circle"
-        if asker not in self.b_readers[rid]:
-            return "forbidden by " + ",".join(self.b_denied.get(rid, {}).get(asker, ()) or ("no permit",))
-        return "readable (ranked below k)"
+    def _b_state(self, turn_id: str, asker: str, pattern: str) -> str:
+        """Why turn `turn_id`, whose text holds `pattern`, did not give it to `asker` in variant b."""
+        live = [r for r in self.b_rows.values() if r.turn_id == turn_id]
+        if not live:
+            return "deleted by a deletion target" if turn_id in self.b_deleted else "refused or not written"
+        states = []
+        for row in live:
+            if not pattern_in(pattern, row.text):
+                states.append("redacted (deletion target)")
+            elif asker not in row.circle:
+                states.append("asker outside the row's circle")
+            elif asker not in self.b_readers[row.row_id]:
+                states.append("forbidden by " + ",".join(self.b_denied.get(row.row_id, {}).get(asker, ()) or ("no permit",)))
+            else:
+                states.append("readable (ranked below k)")
+        return min(states, key=lambda x: (not x.startswith("readable"), x))
 
     def _why_readable(self, rid: str, asker: str, role: str) -> str:
-        row = self.b_rows[rid]
+        row = self.b_rows.get(rid)
+        if row is None:
+            return "row deleted after it was retrieved"
         if row.owner == asker:
             return "asker said it"
         if row.labels == {rules.GENERAL}:
@@ -249,7 +274,7 @@ class EpisodeReplay:
                 for rid, doc in rows_b:
                     if pattern_in(p, doc):
                         out.append({"kind": "leak", "pattern": p, "row": rid, "cause": self._why_readable(rid, asker, role),
-                                    "labels": sorted(self.b_rows[rid].labels)})
+                                    "labels": sorted(self.b_rows[rid].labels) if rid in self.b_rows else []})
         elif ann.query_type == "safety":
             forgotten = [t.lower() for t in self.labeller.forgotten]
             for p in ann.leak_targets:
@@ -291,9 +316,7 @@ class EpisodeReplay:
             self.coll["a"].add(None, turn.turn_id, emb, turn.text, {"turn_id": turn.turn_id, "speaker": speaker})
             self.texts_a[turn.turn_id] = turn.text
             self._ingest_b(self.labeller.plan(turn), emb)
-            self.coll["c"].add(self.keys["c"][speaker], turn.turn_id, emb, turn.text,
-                               {**self._restricted(self.everyone), "turn_id": turn.turn_id})
-            self.c_texts[turn.turn_id], self.c_readers[turn.turn_id] = turn.text, set(self.everyone)
+            self._write_c(turn.turn_id, speaker, turn.text, emb, set(self.everyone))
             for probe in at.get(turn.turn_id, ()):
                 ann = self.annotations[probe.checkpoint_id]
                 self._oracle_c(probe, ann)
@@ -310,7 +333,7 @@ class EpisodeReplay:
                     if v == "b":
                         rec.causes = self.causes(probe, ann, rows, got["c"])
                     records.append(rec)
-        return EpisodeResult(records, dict(self.labeller.stats), len(ep.turns), time.perf_counter() - t0)
+        return EpisodeResult(records, {**self.labeller.stats, **self.stats}, len(ep.turns), time.perf_counter() - t0)
 
 
 @dataclass
