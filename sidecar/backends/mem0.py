@@ -225,11 +225,12 @@ class Mem0Profile:
                        if k.kind == "agent" and k.fleet and k.agent})
 
     async def _call(self, method: str, segments: list[str], *, json_body: Any = None,
-                    params: dict[str, str] | None = None) -> Any:
+                    params: dict[str, str] | None = None, idempotent: bool = False) -> Any:
         """One Mem0 call. Mem0's 4xx come back as `BackendClientError` with its status and a sanitised
-        message (Mem0's own text is not echoed: it may quote stored content)."""
+        message (Mem0's own text is not echoed: it may quote stored content). `idempotent`: a read-only
+        POST (search), which the transport may re-send on a fresh connection (`Upstream.call`)."""
         try:
-            return await self.upstream.call(method, segments, json_body=json_body, params=params)
+            return await self.upstream.call(method, segments, json_body=json_body, params=params, idempotent=idempotent)
         except BackendClientError as exc:
             raise BackendClientError(exc.status, f"Mem0 rejected the request ({exc.status})") from exc
 
@@ -750,7 +751,8 @@ class Mem0Profile:
         fetch = max(k * self.settings.overfetch_factor, 1)
         decided: dict[str, bool] = {}
         while True:
-            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch}))
+            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch},
+                                                                  idempotent=True))
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:
