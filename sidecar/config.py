@@ -16,6 +16,19 @@ from pydantic import Field, HttpUrl, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def default_policies_dir() -> Path:
+    """The default policy set, used when ``POLICIES_DIR`` is unset: ``sidecar/default_policies/`` of an
+    installed wheel (the build-time copy of the repository's ``policies/``, setup.py), else ``policies/``
+    of the source checkout this package is imported from (an editable install). An absolute path."""
+    packaged = PACKAGE_DIR / "default_policies"
+    if packaged.is_dir():
+        return packaged
+    return PACKAGE_DIR.parent / "policies"
+
+
 class Settings(BaseSettings):
     """Every option, its default and unit. Environment variable = ``MEMWARDEN_`` + upper-case name."""
 
@@ -33,6 +46,8 @@ class Settings(BaseSettings):
         description="header carrying backend_token; default Authorization (Bearer) for chroma, X-API-Key for mem0")
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
+    backend_max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes (larger: 502)")
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
     ledger_url: str | None = Field(
         default=None, pattern=r"^postgres(ql)?://",
@@ -43,7 +58,9 @@ class Settings(BaseSettings):
     ledger_timeout_s: float = Field(default=5.0, gt=0, description="seconds to get a pooled/new PostgreSQL connection")
     ledger_migrate_on_start: bool = Field(
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
-    policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
+    policies_dir: Path = Field(
+        default_factory=default_policies_dir,
+        description="directory with *.cedarschema and *.cedar; default: the policy set shipped in the package")
     invariants_dir: Path | None = Field(
         default=None, description="extra invariants (*.cedar) pinned from another source (e.g. a second ConfigMap), "
         "checked with the package's baseline and the policy directory's own invariants/")
