@@ -452,12 +452,13 @@ def bench_gatemem(
     run_dir = out or Path("runs") / f"gatemem-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     cfg = Config(data_dir=data, out_dir=run_dir, domains=names, ks=ks, jobs=jobs, episodes=episodes,
                  cause_k=10 if 10 in ks else ks[len(ks) // 2], backend=backend)
-    try:
-        results, timings, wall = run(cfg, progress=lambda s: console.print(s, highlight=False))
+    command = "memwarden " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:  # the run directory is rewritten after each domain, so a long run leaves results as it goes
+        results, timings, wall = run(cfg, progress=lambda s: console.print(s, highlight=False),
+                                     on_domain=lambda done, t, w: report.write(cfg, done, t, w, command + "  (partial)"))
     except GateMemFormatError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    command = "memwarden " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     md = report.write(cfg, results, timings, wall, command)
     typer.echo(md.read_text(encoding="utf-8"))
     typer.echo(f"run directory: {run_dir}")

@@ -352,6 +352,8 @@ def run_domain(cfg: Config, data: DomainData, chroma: Server, work: Path, timing
     """Start a sidecar with the domain's policy set in front of `chroma` and replay every episode."""
     t0 = time.perf_counter()
     policies = POLICIES / data.domain
+    if not (policies / f"{data.domain}.cedar").is_file():
+        raise FileNotFoundError(f"{policies}: the benchmark's policy sets are read from a checkout (editable install)")
     engine = PolicyEngine.load(policies)
     ledger_path = work / f"ledger-{data.domain}.db"
     sidecar = start_sidecar(chroma.url, ledger_path, policies, extra_env={"MEMWARDEN_LOG_LEVEL": "warning"})
@@ -385,9 +387,10 @@ def run_domain(cfg: Config, data: DomainData, chroma: Server, work: Path, timing
                         len(records) // 3, time.perf_counter() - t0)
 
 
-def run(cfg: Config, progress: Callable[[str], None] = lambda s: None) -> tuple[list[DomainResult], Timings, float]:
-    """The whole benchmark: one Chroma for the run, the domains one after another. Returns the domain results,
-    the request timings and the wall time in seconds."""
+def run(cfg: Config, progress: Callable[[str], None] = lambda s: None,
+        on_domain: Callable[[list[DomainResult], Timings, float], None] | None = None) -> tuple[list[DomainResult], Timings, float]:
+    """The whole benchmark: one Chroma for the run, the domains one after another (`on_domain` is called with
+    the results so far after each). Returns the domain results, the request timings and the wall time in s."""
     if cfg.backend != "chroma":
         raise ValueError(f"backend {cfg.backend!r}: only chroma is implemented")
     t0 = time.perf_counter()
@@ -399,6 +402,8 @@ def run(cfg: Config, progress: Callable[[str], None] = lambda s: None) -> tuple[
     try:
         for domain in cfg.domains:
             out.append(run_domain(cfg, load_domain(cfg.data_dir, domain), chroma, work, timings, progress))
+            if on_domain is not None:
+                on_domain(out, timings, time.perf_counter() - t0)
     finally:
         chroma.stop()
     return out, timings, time.perf_counter() - t0
