@@ -104,7 +104,7 @@ def check_client_where(where: Any, name: str = "where") -> None:
 def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
     """The caller's visibility filter in Chroma's ``where`` language (pushdown).
 
-    ``mode="scope"`` is the reference predicate of DESIGN.md §3 (`auth`): it admits every row the
+    ``mode="scope"`` is the reference predicate of docs/design.md §3 (`auth`): it admits every row the
     default policies permit, and policy-check's Inv-Scope proof (permit ⇒ auth) makes it sound for a
     policy set. ``mode="tenant"`` admits the whole tenant (for policy sets wider than `auth`).
     Admins always get the tenant filter. Cedar still decides every returned row.

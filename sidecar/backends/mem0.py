@@ -21,7 +21,7 @@ requested, ``mw_derived_from`` and the triple ``mw_subject/mw_predicate/mw_objec
 ``mw_scope``, ``mw_fleet``, ``mw_readers`` (``"fleet/agent,..."``), ``mw_derived_from`` (parent memory ids)
 and the triple, and nothing else under ``mw_``; the ledger stays the authority.
 
-Provenance, supersession and deletion closure (DESIGN.md §4) follow `sidecar.provenance`, as on Chroma:
+Provenance, supersession and deletion closure (docs/design.md §4) follow `sidecar.provenance`, as on Chroma:
 parents must be readable; a single-valued triple supersedes the active fact (needs ``update`` on it);
 superseded memories are hidden unless ``?include_superseded=true`` or ``?as_of=<UTC µs>``; a memory's
 text is remembered as a keyed HMAC, and deleted text the writer could read may not come back (409);
@@ -713,7 +713,7 @@ class Mem0Profile:
 
     def _search_filters(self, p: Principal, f: Filter) -> dict[str, Any]:
         """Mem0 ``filters``: the client's conditions AND the caller's visibility (tenant always; the scope
-        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
+        predicate of docs/design.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
         used no ``OR``)."""
         out: dict[str, Any] = dict(f.identity_eq)
         if not any(k in out for k in IDENTITY):
