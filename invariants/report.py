@@ -19,7 +19,7 @@ from rich.table import Table
 from .catalog import CheckResult
 from .policytests import PolicyTestResult
 
-__all__ = ["Report", "exit_code", "render"]
+__all__ = ["Report", "exit_code", "render", "sarif_log"]
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
@@ -61,38 +61,79 @@ def _json(rep: Report) -> dict[str, Any]:
         "summary": rep.summary(),
         "results": [{"invariant": r.invariant, "action": r.action, "status": r.status,
                      "solver_seconds": round(r.seconds, 4), "message": r.message,
-                     "file": r.file, "line": r.line,
+                     "file": r.file, "line": r.line, "summary": r.summary,
+                     "permitted_by": [x.to_json() for x in r.permitted_by],
+                     "blamed": [x.to_json() for x in r.blamed],
                      "counterexample_file": rep.saved.get((r.invariant, r.action)),
                      "counterexample": r.counterexample} for r in rep.results],
         "tests": [asdict(t) for t in rep.tests],
     }
 
 
+def _loc(file: str, line: int, column: int = 0, message: str = "") -> dict[str, Any]:
+    region: dict[str, Any] = {"startLine": max(line, 1)}
+    if column > 0:
+        region["startColumn"] = column
+    loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": _uri(file)}, "region": region}}
+    if message:
+        loc["message"] = {"text": message}
+    return loc
+
+
+def _uri(path: str) -> str:
+    """A SARIF artifact URI (RFC 3986 URI reference) for a file path as policy-check names it."""
+    from urllib.parse import quote
+
+    return quote(path.replace("\\", "/"), safe="/:@-._~!$&'()*+,;=")
+
+
+def _sarif_result(r: CheckResult) -> dict[str, Any]:
+    level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
+    text = f"{r.status} on action {r.action}: " + (r.summary or r.message)
+    if r.summary and r.blamed:
+        text += " (" + ("evaluation error in " if (r.counterexample or {}).get("kind") == "never-errors"
+                        else "permitted by ") + ", ".join(map(str, r.blamed)) + ")"
+    res: dict[str, Any] = {"ruleId": r.invariant, "level": level, "message": {"text": text.strip()},
+                           "properties": {"action": r.action, "status": r.status}}
+    where = [b for b in r.blamed if b.file]
+    inv_loc = _loc(r.file, r.line, 0, f"invariant {r.invariant}") if r.file else None
+    if where:
+        # The policy that permitted the counterexample is where a reviewer fixes it; the invariant it
+        # breaks is related.
+        res["locations"] = [_loc(b.file, b.line, b.column, f"policy {b.id}") for b in where[:1]]
+        related = [_loc(b.file, b.line, b.column, f"policy {b.id}") for b in where[1:]]
+        if inv_loc is not None:
+            related.insert(0, inv_loc)
+        if related:
+            res["relatedLocations"] = [dict(x, id=i) for i, x in enumerate(related)]
+    elif inv_loc is not None:
+        res["locations"] = [inv_loc]
+    if r.summary:
+        res["properties"]["summary"] = r.summary
+    if r.counterexample:
+        res["properties"]["counterexample"] = r.counterexample
+    return res
+
+
+def sarif_log(results: list[dict[str, Any]], rules: list[str]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log (OASIS SARIF v2.1.0 §3.13) with one run of policy-check; columns count Unicode
+    code points (``columnKind``)."""
+    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+            "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
+                                          "rules": [{"id": r} for r in rules]}},
+                      "columnKind": "unicodeCodePoints",
+                      "results": results}]}
+
+
 def _sarif(rep: Report) -> dict[str, Any]:
     rules = sorted({r.invariant for r in rep.results})
-    results = []
-    for r in rep.results:
-        if r.status in ("PROVED", "UNCHANGED"):
-            continue
-        level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
-        res: dict[str, Any] = {"ruleId": r.invariant, "level": level,
-                               "message": {"text": f"{r.status} on action {r.action}: {r.message}".strip()},
-                               "properties": {"action": r.action, "status": r.status}}
-        if r.file:
-            res["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": r.file},
-                                                      "region": {"startLine": max(r.line, 1)}}}]
-        if r.counterexample:
-            res["properties"]["counterexample"] = r.counterexample
-        results.append(res)
+    results = [_sarif_result(r) for r in rep.results if r.status not in ("PROVED", "UNCHANGED")]
     for t in rep.tests:
         if not t.passed:
             results.append({"ruleId": "policy-test", "level": "error",
                             "message": {"text": f"{t.name}: {t.message}"},
-                            "locations": [{"physicalLocation": {"artifactLocation": {"uri": t.file}}}]})
-    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
-            "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
-                                          "rules": [{"id": r} for r in rules + ["policy-test"]]}},
-                      "results": results}]}
+                            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(t.file)}}}]})
+    return sarif_log(results, rules + ["policy-test"])
 
 
 def _junit(rep: Report) -> str:
@@ -103,7 +144,7 @@ def _junit(rep: Report) -> str:
     for r in rep.results:
         case = ET.SubElement(inv, "testcase", classname=r.invariant, name=r.action, time=f"{r.seconds:.4f}")
         if r.status in FAIL | {"DISAGREE"}:
-            f = ET.SubElement(case, "failure", message=f"{r.status}: {r.message}", type=r.status)
+            f = ET.SubElement(case, "failure", message=f"{r.status}: {r.summary or r.message}", type=r.status)
             f.text = json.dumps(r.counterexample, indent=1) if r.counterexample else r.message
         elif r.status == "UNKNOWN":
             ET.SubElement(case, "error", message=f"UNKNOWN: {r.message}", type="UNKNOWN")
@@ -129,6 +170,11 @@ def _text(rep: Report, console: Console) -> None:
         if r.counterexample is None or r.status in ("PROVED", "UNCHANGED"):
             continue
         console.rule(f"[{STYLE.get(r.status, '')}]{r.status}[/] {r.invariant} / {r.action}")
+        if r.summary:
+            console.print(r.summary, highlight=False, markup=False)
+        if r.blamed:
+            console.print(("evaluation error in " if r.counterexample.get("kind") == "never-errors" else "permitted by ")
+                          + ", ".join(map(str, r.blamed)), highlight=False, markup=False)
         if r.status == "DISAGREE":
             console.print("Z3 model says:", json.dumps(r.counterexample.get("model") or r.counterexample.get("new")))
             console.print("Cedar says:   ", json.dumps(r.counterexample.get("cedar") or r.counterexample.get("old")))
