@@ -19,7 +19,7 @@ from rich.table import Table
 from .catalog import CheckResult
 from .policytests import PolicyTestResult
 
-__all__ = ["Report", "exit_code", "render", "sarif_log"]
+__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log"]
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
@@ -191,6 +191,66 @@ def _text(rep: Report, console: Console) -> None:
             console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
     s = rep.summary()
     console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A check that could not run: an input that does not parse or validate (``rule`` ``policy-invalid``,
+    ``schema-invalid``), a construct the translator does not model (``unknown``) or bad input
+    (``input-error``). ``line``/``column`` are 1-based, 0 when unknown."""
+
+    rule: str
+    message: str
+    file: str = ""
+    line: int = 0
+    column: int = 0
+    policy: str = "-"
+
+    def where(self) -> str:
+        if not self.file:
+            return ""
+        return f"{self.file}:{self.line}" + (f":{self.column}" if self.column else "") + ": "
+
+
+def render_problems(problems: list[Problem], code: int, fmt: str, console: Console, target: str = "") -> None:
+    """Write problems that stopped the check in ``fmt``: never an empty document — SARIF has one result
+    per problem at its file:line:column, JUnit one failing (or, exit 3, erroring) test case, JSON an
+    ``invalid`` list with ``exit_code``; text goes to stderr."""
+    level = "warning" if code == 3 else "error"
+    if fmt == "json":
+        console.file.write(json.dumps({"tool": "policy-check", "version": 1, "target": target, "exit_code": code,
+                                       "invalid": [{"rule": p.rule, "file": p.file, "line": p.line, "column": p.column,
+                                                    "policy": p.policy, "message": p.message} for p in problems]},
+                                      indent=2) + "\n")
+    elif fmt == "sarif":
+        results = []
+        for p in problems:
+            res: dict[str, Any] = {"ruleId": p.rule, "level": level, "message": {"text": p.message},
+                                   "properties": {"policy": p.policy, "exit_code": code}}
+            if p.file:
+                res["locations"] = [_loc(p.file, p.line, p.column)]
+            results.append(res)
+        console.file.write(json.dumps(sarif_log(results, sorted({p.rule for p in problems})), indent=2) + "\n")
+    elif fmt == "junit":
+        suites = ET.Element("testsuites", name="policy-check")
+        tag = "error" if code == 3 else "failure"
+        suite = ET.SubElement(suites, "testsuite", name="load", tests=str(len(problems)),
+                              failures=str(len(problems) if tag == "failure" else 0),
+                              errors=str(len(problems) if tag == "error" else 0), skipped="0")
+        for p in problems:
+            case = ET.SubElement(suite, "testcase", classname=p.rule, name=f"{p.where()}{p.policy}".strip() or p.rule)
+            if p.file:
+                case.set("file", p.file)
+                case.set("line", str(p.line))
+            f = ET.SubElement(case, tag, message=p.message, type=p.rule)
+            f.text = f"{p.where()}{p.message}"
+        console.file.write(ET.tostring(suites, encoding="unicode") + "\n")
+    else:
+        err = Console(stderr=True)
+        word = {"unknown": "UNKNOWN", "input-error": "error"}.get(problems[0].rule if problems else "", "invalid")
+        for p in problems:
+            err.print(f"{p.where()}[red]{word}[/] {p.policy}: {p.message}" if p.policy != "-" else
+                      f"{p.where()}[red]{word}[/]: {p.message}", markup=True, highlight=False)
 
 
 def render(rep: Report, fmt: str, console: Console) -> None:
