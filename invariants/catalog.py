@@ -1,7 +1,7 @@
 """Invariants: loading them from Cedar files and checking them, one per invariant × action.
 
 An invariant file is a Cedar policy file (so reviewers read invariants in the language
-of the policies, DESIGN.md §3).  Each policy in it is one invariant; ``@id`` names it and
+of the policies, docs/design.md §3).  Each policy in it is one invariant; ``@id`` names it and
 ``@kind`` says how it is read (default ``bound``):
 
 ``bound`` + ``permit (scope) when { C }``

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
         description="header carrying backend_token; default Authorization (Bearer) for chroma, X-API-Key for mem0")
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
+    backend_max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes (larger: 502)")
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
     ledger_url: str | None = Field(
         default=None, pattern=r"^postgres(ql)?://",

@@ -1,4 +1,4 @@
-"""The governance model of DESIGN.md §2 as Python values, and its mapping to Cedar entities.
+"""The governance model of docs/design.md §2 as Python values, and its mapping to Cedar entities.
 
 Entity ids are tenant-qualified (see policies/memwarden.cedarschema):
 ``Tenant::"t"``, ``Fleet::"t/f"``, ``Agent::"t/f/a"``, ``TenantAdmin::"t/admin/<key id>"``,
@@ -136,7 +136,7 @@ class Row:
     predicate: str | None = None
     object: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    # Provenance and supersession (DESIGN.md §4). `derived_from` holds (collection, row id) parents;
+    # Provenance and supersession (docs/design.md §4). `derived_from` holds (collection, row id) parents;
     # `single_valued` marks a triple whose predicate is declared single-valued (policies/single_valued.txt).
     source: str = ""
     derived_from: tuple[tuple[str, str], ...] = ()
@@ -178,7 +178,7 @@ class Row:
 
 
 def fact_partition(row: "Row") -> str:
-    """The visibility partition of a row (DESIGN.md §4, README "Supersession"): single-valued facts are
+    """The visibility partition of a row (docs/design.md §4, README "Supersession"): single-valued facts are
     single-valued within one (tenant, collection, partition). Chosen so that every principal that may
     write a row into a partition may read every fact in it (default policies): ``agent:<owner>`` (only the
     owner writes and reads it), ``fleet:<tenant>/<fleet>`` (written by the fleet at trust >= 1 or by

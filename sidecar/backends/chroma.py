@@ -103,7 +103,7 @@ def check_client_where(where: Any, name: str = "where") -> None:
 def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
     """The caller's visibility filter in Chroma's ``where`` language (pushdown).
 
-    ``mode="scope"`` is the reference predicate of DESIGN.md §3 (`auth`): it admits every row the
+    ``mode="scope"`` is the reference predicate of docs/design.md §3 (`auth`): it admits every row the
     default policies permit, and policy-check's Inv-Scope proof (permit ⇒ auth) makes it sound for a
     policy set. ``mode="tenant"`` admits the whole tenant (for policy sets wider than `auth`).
     Admins always get the tenant filter. Cedar still decides every returned row.
@@ -465,7 +465,7 @@ class ChromaProfile:
         new_ids = [i for i in ids if i not in known]
         if new_ids:
             present = await self.upstream.call("POST", self._data_segments(rec, "get"),
-                                               json_body={"ids": new_ids, "include": []})
+                                               json_body={"ids": new_ids, "include": []}, idempotent=True)
             if isinstance(present, dict) and present.get("ids"):
                 raise Conflict("ids exist in the backend but are not governed by memwarden")
 
@@ -608,7 +608,7 @@ class ChromaProfile:
                                    "limit": page, "offset": backend_offset}
             if include is not None:
                 req["include"] = include
-            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req)
+            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
@@ -689,7 +689,7 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
-            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req)
+            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req, idempotent=True)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending) \
                     or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
@@ -829,7 +829,8 @@ class ChromaProfile:
                 rec = self.ledger.get_collection(BACKEND, collection_id)
                 if rec is None:
                     continue
-                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []})
+                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},
+                                                    idempotent=True)
                 back = present.get("ids") if isinstance(present, dict) else None
                 if back:
                     structlog.get_logger("memwarden.reconciler").warning(

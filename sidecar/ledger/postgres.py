@@ -1,6 +1,6 @@
 """PostgreSQL ledger (scale-out): one database shared by every sidecar replica.
 
-Same protocol, schema and semantics as `SQLiteLedger` (DESIGN.md §4):
+Same protocol, schema and semantics as `SQLiteLedger` (docs/design.md §5):
 
 - every public method is one transaction on a pooled connection (psycopg 3 + psycopg_pool);
 - every write commits before it returns, with ``synchronous_commit=on`` forced per connection,
