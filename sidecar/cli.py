@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, demo, probe, stack.
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, demo, probe, bench, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sidecar.config import ConfigError, Settings, load_settings
+from sidecar.config import ConfigError, Settings, default_policies_dir, load_settings
 from sidecar.errors import PolicyLoadError
 from sidecar.ledger import ledger_from_settings, open_ledger
 
@@ -90,6 +90,7 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
         f"  backend   {settings.backend} {settings.backend_url}",
         f"  policies  {settings.policies_dir} sha256 {services.policy.digest} — {gate.policies} policies; "
         f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
+        f"  rows      decided {gate.row_decisions or 'per row'}",
         f"  ledger    {ledger}",
         f"  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
         f"  mode      {mode}",
@@ -405,43 +406,131 @@ def probe_report(run_dir: Path = typer.Argument(..., help="a run directory with 
     print_table(run_dir, console)
 
 
+bench = typer.Typer(help="public benchmarks replayed through memwarden", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+
+@bench.command("gatemem")
+def bench_gatemem(
+    data: Path = typer.Option(..., help="a checkout of GateMem's bench/data (one directory per domain)"),
+    domains: str = typer.Option("medical,office,education,household", help="comma-separated"),
+    k: str = typer.Option("5,10,20", help="top-k values, comma-separated"),
+    backend: str = typer.Option("chroma", help="chroma (mem0: not implemented yet)"),
+    jobs: int = typer.Option(2, min=1, help="episodes replayed at once"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default runs/gatemem-<UTC time>)"),
+    episodes: Optional[int] = typer.Option(None, min=1, help="only the first N episodes of each domain"),
+) -> None:
+    """Replay GateMem turn by turn into Chroma alone, through memwarden with ingest-time labels, and through
+    memwarden with labels from the hidden annotations (upper bound); score every checkpoint at the retrieval
+    layer and write records.jsonl, summary.md/json and plots."""
+    import datetime as dt
+    import shlex
+    import sys
+
+    from sidecar.bench.gatemem import report
+    from sidecar.bench.gatemem.data import DOMAINS, GateMemFormatError
+    from sidecar.bench.gatemem.runner import Config, run
+
+    names = tuple(d.strip() for d in domains.split(",") if d.strip())
+    unknown = [d for d in names if d not in DOMAINS]
+    if unknown or not names:
+        console.print(f"[red]unknown domain(s) {unknown}; choose from {', '.join(DOMAINS)}[/red]")
+        raise typer.Exit(2)
+    try:
+        ks = tuple(sorted({int(x) for x in k.split(",") if x.strip()}))
+    except ValueError:
+        ks = ()
+    if not ks or ks[0] < 1:
+        console.print("[red]--k must be positive integers, comma-separated[/red]")
+        raise typer.Exit(2)
+    if backend != "chroma":
+        console.print(f"[red]--backend {backend}: only chroma is implemented[/red]")
+        raise typer.Exit(2)
+    missing = [d for d in names if not (data / d / "episodes.jsonl").exists() or not (data / d / "checkpoints.jsonl").exists()]
+    if missing:
+        console.print(f"[red]{data} has no episodes.jsonl/checkpoints.jsonl for {', '.join(missing)}[/red]")
+        raise typer.Exit(2)
+    run_dir = out or Path("runs") / f"gatemem-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    cfg = Config(data_dir=data, out_dir=run_dir, domains=names, ks=ks, jobs=jobs, episodes=episodes,
+                 cause_k=10 if 10 in ks else ks[len(ks) // 2], backend=backend)
+    command = "memwarden " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:  # the run directory is rewritten after each domain, so a long run leaves results as it goes
+        results, timings, wall = run(cfg, progress=lambda s: console.print(s, highlight=False),
+                                     on_domain=lambda done, t, w: report.write(cfg, done, t, w, command + "  (partial)"))
+    except GateMemFormatError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    md = report.write(cfg, results, timings, wall, command)
+    typer.echo(md.read_text(encoding="utf-8"))
+    typer.echo(f"run directory: {run_dir}")
+
+
 @app.command()
 def stack(
     workdir: Path = typer.Option(Path(".memwarden/stack"), help="Chroma data, ledger and logs"),
-    port: int = typer.Option(8080, help="sidecar port"),
+    port: int = typer.Option(8080, min=1, max=65535, help="sidecar port"),
+    chroma_port: int = typer.Option(0, min=0, max=65535, help="Chroma port (0: a free one)"),
     tenant: str = typer.Option("demo", help="tenant to provision"),
 ) -> None:
-    """Run `chroma run` + the sidecar on 127.0.0.1 until interrupted; print how to call it."""
+    """Run `chroma run` + the sidecar on 127.0.0.1 until Ctrl-C or SIGTERM (both stop the two servers);
+    print how to call it. Exits 2, before starting anything or creating keys, when a port is taken; 1 when
+    a server stops on its own."""
+    import signal
     import time
 
-    from sidecar.harness import start_chroma, start_sidecar
+    from sidecar.harness import Server, free_port, port_in_use, start_chroma, start_sidecar
 
+    chroma_port = chroma_port or free_port()
+    for name, option, number in (("memwarden", "--port", port), ("Chroma", "--chroma-port", chroma_port)):
+        problem = port_in_use("127.0.0.1", number)
+        if problem:
+            err.print(f"memwarden stack: port {number} on 127.0.0.1 (for {name}) is not free: {problem}; "
+                      f"choose another with {option}", markup=False)
+            raise typer.Exit(2)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM and SIGHUP stop the stack exactly as Ctrl-C does
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     ledger_path = workdir / "ledger.db"
-    store = open_ledger(str(ledger_path))
-    admin = store.create_key("admin", tenant, None, None, 0)[1]
-    agent = store.create_key("agent", tenant, "main", "agent1", 1)[1]
-    store.close()
-    chroma = start_chroma(workdir / "chroma")
-    policies = Path(__file__).resolve().parent.parent / "policies"
+    children: list[Server] = []
+    code = 0
     try:
-        side = start_sidecar(chroma.url, ledger_path, policies, port=port)  # `memwarden serve`: the same gate
-    except RuntimeError as exc:
-        chroma.stop()
-        err.print(f"memwarden stack: {exc}", markup=False)
-        raise typer.Exit(2) from None
-    console.print(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
-    console.print(f"admin key for tenant {tenant!r}: {admin}\nagent key ({tenant}/main/agent1, trust 1): {agent}")
-    console.print(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")
-    console.print(f"more keys: memwarden keys create --ledger {ledger_path} --tenant {tenant} --fleet F --agent A --trust N")
-    console.print("Ctrl-C stops both.")
-    try:
-        while side.proc.poll() is None and chroma.proc.poll() is None:
+        children.append(start_chroma(workdir / "chroma", port=chroma_port))
+        chroma = children[0]
+        # `memwarden serve`, through the same policy gate, with the packaged default policy set.
+        children.append(start_sidecar(chroma.url, ledger_path, default_policies_dir(), port=port))
+        side = children[1]
+        store = open_ledger(str(ledger_path))
+        try:
+            admin = store.create_key("admin", tenant, None, None, 0)[1]
+            agent = store.create_key("agent", tenant, "main", "agent1", 1)[1]
+        finally:
+            store.close()
+        # Plain lines (never wrapped): the keys and the curl line are copied from here.
+        typer.echo(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
+        typer.echo(f"admin key for tenant {tenant!r}: {admin}")
+        typer.echo(f"agent key ({tenant}/main/agent1, trust 1): {agent}")
+        typer.echo(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")
+        typer.echo(f"more keys: memwarden keys create --ledger {ledger_path} --tenant {tenant} --fleet F --agent A --trust N")
+        typer.echo("Ctrl-C (or SIGTERM) stops both.")
+        while all(c.proc.poll() is None for c in children):
             time.sleep(0.5)
+        gone = next(c for c in children if c.proc.poll() is not None)
+        err.print(f"memwarden stack: {gone.name} exited with status {gone.proc.returncode} (log {gone.log}); "
+                  "stopping", markup=False)
+        code = 1
     except KeyboardInterrupt:
         pass
+    except RuntimeError as exc:  # a server that did not start (its log tail is in the message)
+        err.print(f"memwarden stack: {exc}", markup=False)
+        code = 2
     finally:
-        side.stop()
-        chroma.stop()
+        for child in reversed(children):
+            child.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":
