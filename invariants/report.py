@@ -246,7 +246,7 @@ def render_problems(problems: list[Problem], code: int, fmt: str, console: Conso
             f.text = f"{p.where()}{p.message}"
         console.file.write(ET.tostring(suites, encoding="unicode") + "\n")
     else:
-        err = Console(stderr=True)
+        err = Console(stderr=True, soft_wrap=True)  # a file:line is never broken across lines
         word = {"unknown": "UNKNOWN", "input-error": "error"}.get(problems[0].rule if problems else "", "invalid")
         for p in problems:
             err.print(f"{p.where()}[red]{word}[/] {p.policy}: {p.message}" if p.policy != "-" else

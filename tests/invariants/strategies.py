@@ -90,7 +90,7 @@ HI = chr(0x10FFFF)
 # Ids with the shapes Cedar allows: "/", "::", whitespace, unicode, escape text, quotes, backslashes.
 IDS: dict[str, list[str]] = {
     "Tenant": ["t1", "t2", "t1/\\u{6f}ps", ""],
-    "Fleet": ["t1/f1", "t1/f2", "t2/f1", "t1/ops", "t1/\\u{6f}ps", "t1::f1", "t1/ f1", "t1/ü"],
+    "Fleet": ["t1/f1", "t1/f2", "t2/f1", "t1/ops", "t1/\\u{6f}ps", "t1::f1", "t1/ f1", "t1/ü", "t1/😀"],
     "Agent": ["t1/f1/a1", "t1/f2/a2", "t2/f1/a3", "t1/f1/\\u{61}1", "t1/f1/a1 ", f"t1/f1/{HI}"],
     "TenantAdmin": ["t1/admin/k1", "t2/admin/k2", "t1/admin/\"k\""],
     "Namespace": ["t1/db", "t2/db", "t1/\\"],

@@ -105,7 +105,7 @@ def variant(guard: str) -> str:
 
 def _inv_scope(text: str) -> Any:
     pols = PROJ.policies + parse_text(text, "variant.cedar").policies
-    (row,) = [r for r in check_invariants(PROJ.schema, SCHEMA_TEXT, pols, INV_SCOPE, 10) if r.action == "read"]
+    (row,) = [r for r in check_invariants(PROJ.schema, SCHEMA_TEXT, pols, INV_SCOPE, 60) if r.action == "read"]
     return row, pols
 
 

@@ -6,8 +6,9 @@ would be about requests the sidecar never asks. So this test walks the route tab
 (``sidecar.backends.chroma.ROUTES``, ``sidecar.backends.mem0.ROUTES``, plus the sidecar's own lineage
 route) — read from the modules, so a new route without an entry here fails — sends each route once per
 principal kind (an agent of trust 3 that owns some rows, a tenant admin, an operator) through the real
-pipeline and policies/ (the backend is an `httpx.MockTransport`), records every Cedar request the PDP is
-asked, and asserts
+pipeline and policies/ (the backend is an `httpx.MockTransport`), records every decision the authorizer
+hands back to a route (``Authorizer._record``: per row, whether Cedar was asked for this row or for its
+governance class), and asserts
 
 * the exact set of ``action:ResourceType`` decisions each route makes for each principal (``EXPECTED``);
 * that every row a response carries was decided ``read`` — and allowed — for the caller in that request
@@ -208,15 +209,14 @@ def _app(profile: str, db: Path) -> tuple[TestClient, dict[str, str]]:
 def _walk(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Observed:
     rows = CHROMA_ROWS if profile == "chroma" else MEM0_ROWS
     calls: list[tuple[str, str, str, str, bool]] = []
-    real = Authorizer.decide
+    real = Authorizer._record  # every decision a route acts on is recorded here (per row, also class answers)
 
-    def spy(self: Authorizer, ex: Any, requests: list[Any], entities: list[dict[str, Any]]) -> Any:
-        decisions = real(self, ex, requests, entities)
+    def spy(self: Authorizer, ex: Any, requests: list[Any], decisions: list[Any]) -> Any:
         calls.extend((r.principal[0], r.action, r.resource[0], r.resource[1], d.allowed)
                      for r, d in zip(requests, decisions))
-        return decisions
+        return real(self, ex, requests, decisions)
 
-    monkeypatch.setattr(Authorizer, "decide", spy)
+    monkeypatch.setattr(Authorizer, "_record", spy)
     observed: Observed = {}
     n = 0
     for label, method, path, query, body in _cases(profile):
