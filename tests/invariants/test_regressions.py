@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from invariants.engine import parse_text
+
 from .test_differential import check_agreement
 
 AGENT = {"uid": {"type": "Agent", "id": "t1/f1/a1"},
@@ -61,3 +63,25 @@ def test_cofinite_set_needing_literal_members() -> None:
     results = check_invariants(SCHEMA_MODEL, SCHEMA_TEXT, parse_text(text, "x").policies, INVARIANTS, 5)
     assert {r.status for r in results} <= {"PROVED", "VIOLATED"}
     assert any(r.status == "VIOLATED" and r.invariant == "tenant-isolation" for r in results)
+
+
+def test_string_literal_is_a_candidate_member_of_a_free_set() -> None:
+    # Found while fixing issue 12: the model answered `roles = K(True)` (every string); the finite
+    # retry only offered the model's explicit members and mentioned *terms*, and the literal "auditor"
+    # of `roles.contains("auditor")` was not among them, so a real violation came out UNKNOWN. String
+    # literals (and the argument of `contains`) are candidate members now.
+    from invariants.catalog import check_invariants
+    from invariants.project import load_project
+
+    from .conftest import POLICIES
+
+    proj = load_project(POLICIES)
+    extra = parse_text('@id("auditor-reads")\npermit (principal is Agent, action == Action::"read", resource is Memory)\n'
+                       'when { resource.tenant == principal.tenant && principal.roles.contains("auditor") && '
+                       'resource.scope == "agent" };\n', "x.cedar").policies
+    inv = [i for i in proj.invariants if i.id == "inv-scope"]
+    (row,) = check_invariants(proj.schema, proj.schema_text, proj.policies + extra, inv, 60)
+    assert row.status == "VIOLATED", row.message
+    req, ents = row.counterexample["request"], row.counterexample["entities"]
+    me = next(e for e in ents if e["uid"] == req["principal"])
+    assert "auditor" in me["attrs"]["roles"]
