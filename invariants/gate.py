@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalog import DEFAULT_TIMEOUT_S, CheckResult, check_invariants
+from .catalog import DEFAULT_TIMEOUT_S, CheckResult, check_invariants, describe
 from .engine import Policy
 from .errors import InputError, PolicyCheckError, PolicyInvalid, Unsupported
 from .policytests import PolicyTestResult, run_test_files
@@ -132,27 +132,27 @@ def counterexample_line(cex: dict[str, Any]) -> str:
     return out + f' -> Cedar {cedar.get("decision", "?")}'
 
 
-def _where(pid: str, policies: dict[str, Policy]) -> str:
-    p = policies.get(pid)
-    return f"{pid} at {p.file}:{p.line}" if p is not None else pid
-
-
 def failure_line(r: CheckResult, policies: list[Policy]) -> str:
-    """One line for a failed result: status, invariant (file:line), action, the counterexample and the
-    policies that permitted it (or that raised the evaluation error), each with file:line."""
+    """One line for a failed result: status, invariant (file:line), action, the counterexample's English
+    summary (``CheckResult.summary``), the policies to blame — those that permitted it, or that raised the
+    evaluation error — each with file:line, then the counterexample itself in one line."""
     head = f"{r.status} {r.invariant}" + (f" ({r.file}:{r.line})" if r.file else "")
     if r.action != "-":
         head += f" on {r.action}"
     if r.counterexample is None:
         return f"{head}: {r.message}" if r.message else head
-    by_id = {p.id: p for p in policies}
-    cedar = r.counterexample.get("cedar") or r.counterexample.get("new", {}).get("cedar") or {}
-    line = f"{head}: counterexample {counterexample_line(r.counterexample)}"
-    if r.counterexample.get("kind") == "never-errors" and cedar.get("errors"):
-        return line + "; evaluation error in " + ", ".join(_where(p, by_id) for p in cedar["errors"])
-    if cedar.get("reasons"):
-        return line + "; permitted by " + ", ".join(_where(p, by_id) for p in cedar["reasons"])
-    return line + (f"; {r.message}" if r.message else "")
+    if not r.summary:
+        describe(r, policies)
+    line = f"{head}: {r.summary}" if r.summary else head
+    if r.counterexample.get("kind") == "never-errors" and r.blamed:
+        line += "; evaluation error in " + ", ".join(map(str, r.blamed))
+    elif r.blamed:
+        verb = "denied (raised trust) by" if r.counterexample.get("kind") == "monotone" and \
+            r.blamed != r.permitted_by else "permitted by"
+        line += f"; {verb} " + ", ".join(map(str, r.blamed))
+    elif r.message:
+        line += f"; {r.message}"
+    return line + f"; counterexample {counterexample_line(r.counterexample)}"
 
 
 def _test_line(t: PolicyTestResult) -> str:
