@@ -26,7 +26,8 @@ import json
 import os
 import re
 import select
-from typing import Any, Iterator, Mapping
+import threading
+from typing import Any, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
@@ -40,6 +41,7 @@ from sidecar.ledger.sqlite import (
     _ROW_COLUMNS,
     MIGRATION_2_PROVENANCE,
     MIGRATION_4_PARTITIONS,
+    MIGRATION_5_ROLES,
     _activate,
     _fact_query,
     _closure_tombstone,
@@ -94,6 +96,8 @@ MIGRATIONS: list[str] = [
     """,
     MIGRATION_4_PARTITIONS.replace(
         "READERS_SORTED", "(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") FROM json_array_elements_text(rows.readers::json) AS v)"),
+    # Version 5: roles of agent keys.
+    MIGRATION_5_ROLES,
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -136,6 +140,10 @@ class PostgresLedger:
         if not _SCHEMA_NAME.match(schema):
             raise ValueError(f"ledger schema {schema!r} must be a lower-case SQL identifier")
         self.schema = schema
+        self._url = url
+        self._timeout_s = timeout_s
+        self.channel = f"memwarden_{schema}"  # LISTEN/NOTIFY channel of cache invalidations
+        self._listener: _Listener | None = None
         self._pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, check=_check_idle,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
@@ -198,35 +206,52 @@ class PostgresLedger:
         return dict(self._pool.get_stats())
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
         self._pool.close()
 
-    # -- keys and agents --------------------------------------------------------------------
-    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
-        """Store a new key (salted hash only) and return its record and the plaintext, shown once.
+    # -- cache invalidation (sidecar.ledger.cache) ------------------------------------------
+    def _notify(self, db: psycopg.Connection[dict[str, Any]], what: str) -> None:
+        """Tell every replica's caches (`cache_version`) that keys, agents or collections changed; sent
+        by PostgreSQL when the surrounding transaction commits."""
+        db.execute("SELECT pg_notify(%s, %s)", (self.channel, what))
 
-        Kinds: ``agent`` (tenant, fleet, agent, trust), ``admin`` (tenant), ``operator`` (no tenant: the
-        deployment). For agent keys the agent's record (trust) is created or updated. Raises ValueError on
-        bad input (`check_key_request`).
-        """
-        check_key_request(kind, tenant, fleet, agent, trust)
+    def cache_version(self) -> int | None:
+        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: the number of notifications
+        received on `channel` (and of reconnections of the listening connection), or None — cache
+        nothing — while that connection is down or a notification is waiting to be read. Starts the
+        listening thread on first use."""
+        if self._listener is None:
+            self._listener = _Listener(self._url, self.channel, self._timeout_s)
+            self._listener.start()
+        return self._listener.version()
+
+    # -- keys and agents --------------------------------------------------------------------
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
+                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]:
+        """As `SQLiteLedger.create_key`: store a new key (salted hash only), return its record and the
+        plaintext (shown once); an agent key's trust and roles become its agent's record."""
+        roles = check_key_request(kind, tenant, fleet, agent, trust, roles)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
         tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
-                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles)
         with self._tx() as db:
             db.execute(
-                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
+                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
+                 record.created_at, json.dumps(list(roles))),
             )
             if kind == "agent":
                 assert tenant is not None and fleet is not None and agent is not None
                 db.execute(
-                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (%s,%s,%s,%s,%s) "
-                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust",
-                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust),
+                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (%s,%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust, roles = excluded.roles",
+                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
                 )
+            self._notify(db, "keys")
         return record, f"mwk_{key_id}.{secret}"
 
     def authenticate(self, plaintext: str) -> Principal | None:
@@ -248,7 +273,8 @@ class PostgresLedger:
 
     @staticmethod
     def _key(r: dict[str, Any]) -> KeyRecord:
-        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"])
+        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"],
+                         tuple(json.loads(r["roles"])))
 
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         with self._conn() as db:
@@ -262,6 +288,7 @@ class PostgresLedger:
         """Revoke a key; True if it existed and was active. Committed before return."""
         with self._tx() as db:
             cur = db.execute("UPDATE api_keys SET revoked_at = %s WHERE key_id = %s AND revoked_at IS NULL", (now_us(), key_id))
+            self._notify(db, "keys")
             return cur.rowcount == 1
 
     def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
@@ -281,6 +308,7 @@ class PostgresLedger:
                 "VALUES (%s,%s,%s,%s,%s,%s,%s)",
                 (record.backend, record.collection_id, record.tenant, record.database, record.name, record.created_by, record.created_at),
             )
+            self._notify(db, "collections")
 
     def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
         with self._conn() as db:
@@ -306,6 +334,7 @@ class PostgresLedger:
         """Mark the collection deleted and tombstone all its rows (durable), in one transaction."""
         t = now_us()
         with self._tx() as db:
+            self._notify(db, "collections")
             db.execute("UPDATE collections SET deleted_at = %s WHERE backend = %s AND collection_id = %s", (t, backend, collection_id))
             db.execute(
                 "INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id, backend_deleted_at) "
@@ -387,15 +416,15 @@ class PostgresLedger:
             )
 
     def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet and readers of existing rows."""
+        """Persist scope, fleet, readers, labels and content HMAC of existing rows."""
         if not rows:
             return
         t = now_us()
         with self._tx() as db:
             db.cursor().executemany(
-                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, content_hmac = %s, fact_partition = %s, updated_at = %s "
-                "WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                [(row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac,
+                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, labels = %s, content_hmac = %s, fact_partition = %s, "
+                "updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",
+                [(row.scope, row.fleet, json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.content_hmac,
                   fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id)
                  for row in rows],
             )
@@ -412,6 +441,7 @@ class PostgresLedger:
     def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
         """As `SQLiteLedger.reset`, in one transaction."""
         with self._tx() as db:
+            self._notify(db, "collections")
             return _reset(db, "%s", backend, collection_id, by, request_id, now_us())
 
     def reset_done(self, backend: str, collection_id: str | None) -> None:
@@ -480,3 +510,46 @@ class PostgresLedger:
                 "ORDER BY deleted_at, collection_id, row_id", (backend,)
             ).fetchall()
         return [(r["collection_id"], r["row_id"]) for r in rows]
+
+
+class _Listener(threading.Thread):
+    """A daemon thread holding one connection that LISTENs on the ledger's invalidation channel; counts
+    notifications (and reconnections) into `version`, which is None while the connection is down."""
+
+    def __init__(self, url: str, channel: str, timeout_s: float) -> None:
+        super().__init__(name=f"memwarden-ledger-listen-{channel}", daemon=True)
+        self._url, self._channel, self._timeout_s = url, channel, timeout_s
+        self._count = 0
+        self._fd: int | None = None
+        self._stopped = threading.Event()
+
+    def version(self) -> int | None:
+        fd = self._fd
+        if fd is None:
+            return None
+        try:
+            if select.select([fd], [], [], 0)[0]:  # a notification (or EOF) not yet read: no cache now
+                return None
+        except (OSError, ValueError):
+            return None
+        return self._count
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=max(1, int(self._timeout_s))) as conn:
+                    conn.execute(f'LISTEN "{self._channel}"')  # type: ignore[arg-type]
+                    self._count += 1  # whatever happened while we were not listening
+                    self._fd = conn.fileno()
+                    while not self._stopped.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self._count += 1
+                        conn.execute("SELECT 1")  # a dead connection raises here
+            except Exception:
+                pass
+            finally:
+                self._fd = None
+            self._stopped.wait(1.0)
