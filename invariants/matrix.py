@@ -281,7 +281,8 @@ class _Env:
         """A store over a copy of the translation's registry: writing a model out (``entities_json``)
         registers attribute terms, which must not leak into later queries or witnesses."""
         r = self._reg
-        reg = Registry({k: dict(v) for k, v in r.entities.items()}, dict(r.longs), dict(r.sets), dict(r.elems))
+        reg = Registry({k: dict(v) for k, v in r.entities.items()}, dict(r.longs), dict(r.sets), dict(r.elems),
+                       codec=r.codec)  # the same string encoding as the translation (invariants.zstring)
         return Store(self.schema, reg)
 
     def cond(self, coords: dict[str, str]) -> list[z3.BoolRef]:
@@ -394,7 +395,7 @@ def classify(schema: Schema, schema_text: str | None, request: dict[str, Any],
 def _witness(env: _Env, model: z3.ModelRef, policies: list[Policy], schema_text: str | None,
              coords: dict[str, str], expect: str | None, what: str) -> Witness:
     store = env.fresh_store()
-    request, entities = cx.readable_ids(store, cx.request_json(model, env.req),
+    request, entities = cx.readable_ids(store, cx.request_json(model, env.req, store.reg.codec),
                                         cx.entities_json(model, env.schema, store))
     rep = authorize(request, policies, entities, schema_text)
     got = "allow" if rep.allow else "deny"
