@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     ledger_pool_min: int = Field(default=1, ge=0, description="PostgreSQL pooled connections kept open, per process")
     ledger_pool_max: int = Field(default=10, ge=1, description="PostgreSQL pooled connections at most, per process")
     ledger_timeout_s: float = Field(default=5.0, gt=0, description="seconds to get a pooled/new PostgreSQL connection")
+    ledger_cache_ttl_s: float = Field(
+        default=5.0, ge=0, description="API keys (SQLite only), collections and agents are served from memory for at most "
+        "this long while the ledger reports no change (sidecar/ledger/cache.py); 0 = no cache")
     ledger_migrate_on_start: bool = Field(
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
     policies_dir: Path = Field(
@@ -86,10 +89,11 @@ class Settings(BaseSettings):
     )
     reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
     failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
-    query_plan: Literal["pushdown", "postfilter-first"] = Field(
-        default="pushdown",
-        description="query: always AND the visibility filter (pushdown), or first try one unfiltered "
-        "over-fetch and refill under the pushdown only when it holds fewer than n_results readable rows",
+    query_plan: Literal["auto", "pushdown", "postfilter-first"] = Field(
+        default="auto",
+        description="query: choose per request from the ledger's statistics and the last over-fetches (auto), "
+        "always AND the visibility filter (pushdown), or always first try one unfiltered over-fetch and refill "
+        "under the pushdown only when it holds fewer than n_results readable rows (postfilter-first)",
     )
     overfetch_factor: int = Field(default=2, ge=1, description="query over-fetch multiple of n_results")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")

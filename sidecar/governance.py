@@ -193,8 +193,10 @@ def fact_partition(row: "Row") -> str:
     return f"restricted:{row.owner}|{','.join(sorted(row.readers))}"
 
 
-def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners.
+def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]],
+                 extra_rows: list[Row] | None = None) -> list[dict[str, Any]]:
+    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets, their owners
+    and the owners' fleets, and the same for `extra_rows` except their own entities.
 
     `owners` maps agent id → Cedar entity (from the ledger's agent table); an owner the ledger does
     not know is left out (an attribute access on it errors, so a permit needing it is skipped).
@@ -208,10 +210,21 @@ def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[s
             seen.add(key)
             entities.append(entity)
 
-    for row in rows:
-        add(row.entity())
-        add(fleet_entity(row.tenant, row.fleet))
+    def add_owner(row: Row) -> None:
         owner = owners.get(row.owner)
         if owner is not None:
             add(owner)
+            # the owner's fleet too: every entity a row's attributes reach is in the store (or, for an
+            # owner the ledger does not know, absent whatever the batch), so a row's decision does not
+            # depend on which other rows share the batch (`Authorizer.decide_rows` relies on it)
+            tenant, _, fleet = str(owner["attrs"]["fleet"]["__entity"]["id"]).partition("/")
+            add(fleet_entity(tenant, fleet))
+
+    for row in rows:
+        add(row.entity())
+        add(fleet_entity(row.tenant, row.fleet))
+        add_owner(row)
+    for row in extra_rows or []:
+        add(fleet_entity(row.tenant, row.fleet))
+        add_owner(row)
     return entities

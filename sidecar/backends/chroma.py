@@ -30,6 +30,7 @@ from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadToo
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
+from sidecar.planner import QueryPlanner
 from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
@@ -204,6 +205,8 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
+                                    lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
@@ -677,15 +680,26 @@ class ChromaProfile:
         k = _nonneg_int(body.get("n_results"), "n_results", 10) or 0
         ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
         client_where = body.get("where")
-        where = self._where(ex, client_where)
+        mode = self.authz.pushdown(self.settings.pushdown)
+        where = self._where(ex, client_where, mode)
         pending = list(range(len(embeddings)))
         final: dict[int, list[dict[str, Any]]] = {}
         included: Any = None
-        n_fetch = max(k * self.settings.overfetch_factor, 1)
-        # "postfilter-first": one unfiltered over-fetch first; if it already holds k readable rows they are
-        # the true top k (no readable row can rank above a fetched one). Otherwise refill with pushdown.
-        first_where = client_where if self.settings.query_plan == "postfilter-first" else where
-        keep = self._keep(ex, rec)
+        # The plan (`sidecar.planner`): an unfiltered over-fetch first — if it holds k readable rows they are
+        # the true top k (no readable row can rank above a fetched one) — or the pushdown from the start.
+        # A short over-fetch is refilled under the pushdown, starting again at k × OVERFETCH_FACTOR.
+        plan = self.planner.plan(self._p(ex), rec.collection_id, k, wide=mode == "tenant")
+        n_fetch = plan.n_fetch
+        first_where = client_where if plan.unfiltered else where
+        readable_of = self._keep(ex, rec)
+        tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
+
+        def keep(batch: list[str]) -> set[str]:
+            allowed = readable_of(batch)
+            tally[0] += len(batch)
+            tally[1] += len(allowed)
+            return allowed
+
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
@@ -708,7 +722,9 @@ class ChromaProfile:
                     still.append(i)
             pending = still
             if first_where is not where:
+                self.planner.observe(self._p(ex), rec.collection_id, tally[0], tally[1])
                 first_where = where  # refill under the pushdown, starting again at the first size
+                n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
         out: dict[str, Any] = {}

@@ -166,6 +166,7 @@ class SQLiteLedger:
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._writes = 0  # write transactions committed through this connection (`cache_version`)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -186,6 +187,7 @@ class SQLiteLedger:
                 raise
             else:
                 self._db.execute("COMMIT")
+                self._writes += 1
 
     def migrate(self) -> int:
         """Apply pending migrations; returns the schema version now in force."""
@@ -198,6 +200,13 @@ class SQLiteLedger:
                         db.execute(statement)
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
             return len(MIGRATIONS)
+
+    def cache_version(self) -> tuple[int, int]:
+        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: ``PRAGMA data_version``
+        (changed by every commit of another connection to this file, from any process) and the number of
+        write transactions committed through this one."""
+        with self._lock:
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0]), self._writes
 
     def ping(self) -> bool:
         with self._lock:
@@ -483,6 +492,14 @@ class SQLiteLedger:
                     f"UPDATE tombstones SET backend_deleted_at = ? WHERE backend = ? AND collection_id = ? "
                     f"AND row_id IN ({','.join('?' * len(chunk))})", (t, backend, collection_id, *chunk),
                 )
+
+    def visibility_counts(self, backend: str, collection_id: str) -> list[tuple[str, str, str, tuple[str, ...], str, int]]:
+        """Rows of a collection per (scope, fleet, owner, readers, status): the query planner's statistics."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT scope, fleet, owner, readers, status, COUNT(*) FROM rows WHERE backend = ? AND collection_id = ? "
+                "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
+        return [(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5])) for r in rows]
 
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
