@@ -99,6 +99,13 @@ class Phase:
         self.args, self.ledger_kind, self.root = args, ledger, root
         self.pg_db: str | None = None
         self.servers: list[Server] = []
+        try:
+            self._start(args, ledger, root)
+        except BaseException:  # a failed start-up leaves nothing running
+            self.stop()
+            raise
+
+    def _start(self, args: argparse.Namespace, ledger: str, root: Path) -> None:
         self.chroma = start_chroma(root / "chroma")
         self.servers.append(self.chroma)
         if ledger == "postgres":
