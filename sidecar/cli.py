@@ -249,7 +249,7 @@ app.add_typer(authz, name="authz")
 def authz_check(
     key_id: Optional[str] = typer.Option(None, help="the principal: a key id (as shown by keys list)"),
     action: list[str] = typer.Option([], help="action(s): read, write, update, delete, redistribute, search, list, "
-                                              "delete_bulk, admin"),
+                                              "delete_bulk, admin, create_collection (with --database)"),
     row: Optional[str] = typer.Option(None, help="row id (row actions)"),
     collection: Optional[str] = typer.Option(None, help="Chroma collection UUID (Mem0: the deployment, implied)"),
     database: Optional[str] = typer.Option(None, help="namespace database (request-level actions on a namespace)"),

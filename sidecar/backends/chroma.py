@@ -3,8 +3,10 @@
 
 Governance on top of Chroma:
 - Tenants in the path must be the caller's; collection UUIDs must be registered to the caller's
-  tenant (and the path's database) in the ledger, else 404 on every route — Chroma's data routes
-  resolve a collection by UUID alone.
+  tenant (and the path's database) in the ledger, else 404 on every data route — Chroma's data routes
+  resolve a collection by UUID alone. Opening an existing collection (get by name or id, get_or_create
+  of an existing name) is Cedar ``list`` on it; creating one is ``create_collection`` on the namespace.
+  A collection Chroma holds that the ledger does not know is 409 ("adopt it first"), never adopted.
 - Writes (add, upsert) stamp governed metadata (``mw_*``) and record the row in the ledger; the
   client may request ``mw_scope``, ``mw_fleet`` and ``mw_readers`` but never set the other ``mw_*`` keys.
 - Reads (get, query, count) AND the caller's visibility filter into ``where`` (pushdown), then pass
@@ -26,7 +28,7 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
@@ -322,14 +324,41 @@ class ChromaProfile:
         return 200, await self.upstream.call("DELETE", ex.segments)
 
     # -- collections ------------------------------------------------------------------------
-    def _own_collection_json(self, ex: Exchange, params: dict[str, str], coll: Any) -> dict[str, Any]:
+    def _known_collection(self, ex: Exchange, tenant: str, database: str, coll: Any) -> CollectionRecord:
+        """The ledger record of `coll` (Chroma's JSON for a collection found in tenant/database).
+
+        Raises `Conflict` (409, "adopt it first") when Chroma holds the collection in the caller's tenant and
+        database but the ledger does not know it — an existing collection is never adopted silently — and
+        `NotFound` (404) when it is registered to another tenant or database or is not the caller's."""
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
             raise NotFound("collection not found", reason="unknown_collection")
-        rec = self.ledger.get_collection(BACKEND, coll["id"])
         p = self._p(ex)
-        if rec is None or rec.tenant != p.tenant or rec.database != params["database"] or rec.tenant != params["tenant"]:
+        rec = self.ledger.get_collection(BACKEND, coll["id"])
+        if rec is None:
+            if tenant == p.tenant and coll.get("tenant") == tenant and coll.get("database") == database:
+                name = coll.get("name") if isinstance(coll.get("name"), str) else coll["id"]
+                raise Conflict(
+                    f"collection {name!r} exists in Chroma but is not governed by memwarden; adopt it first: "
+                    f"memwarden adopt chroma --rules RULES.toml (a [[collection]] with tenant = {tenant!r}, "
+                    f"database = {database!r}, name = {name!r})", reason="unadopted_collection")
             raise NotFound("collection not found", reason="unknown_collection")
-        return coll
+        if rec.tenant != p.tenant or rec.tenant != tenant or rec.database != database:
+            raise NotFound("collection not found", reason="unknown_collection")
+        return rec
+
+    async def _open_collection(self, ex: Exchange, tenant: str, database: str, name: str) -> tuple[CollectionRecord, Any] | None:
+        """Chroma's collection `name` in tenant/database, opened by the caller: its ledger record and JSON
+        after Cedar ``list`` on the collection (opening an existing collection is a read-level decision).
+        None when Chroma has no collection of that name (its 404); 409/404 as `_known_collection`."""
+        try:
+            coll = await self.upstream.call("GET", self._db_segments(tenant, database) + ["collections", name])
+        except BackendClientError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        rec = self._known_collection(ex, tenant, database, coll)
+        self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return rec, coll
 
     async def op_list_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         tenant, database = params["tenant"], params["database"]
@@ -355,40 +384,65 @@ class ChromaProfile:
         return 200, sum(1 for c in (result or []) if isinstance(c, dict) and c.get("id") in owned)
 
     async def op_create_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        """Chroma create_collection / get_or_create_collection (POST .../collections).
+
+        ``get_or_create`` on a collection that exists: a read-level decision (`_open_collection`), Chroma's
+        collection JSON is answered and nothing is changed (its metadata and configuration stay as they are).
+        A new collection needs Cedar ``create_collection`` on the namespace; it is created with
+        ``get_or_create`` false, so what the sidecar registers is always the collection Chroma just made. A
+        name Chroma already holds that the ledger does not know is 409 ("adopt it first"), never adopted."""
         tenant, database = params["tenant"], params["database"]
         body = _obj(ex.body)
-        if not isinstance(body.get("name"), str):
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
             raise BadRequest("name is required")
-        self._require_namespace(ex, tenant, database, "admin")
-        coll = await self.upstream.call("POST", ex.segments, json_body=body)
+        get_or_create = body.get("get_or_create") is True
+        self._require_namespace(ex, tenant, database, "list")
+        if get_or_create:
+            opened = await self._open_collection(ex, tenant, database, name)
+            if opened is not None:
+                return 200, opened[1]
+        self._require_namespace(ex, tenant, database, "create_collection")
+        try:
+            coll = await self.upstream.call("POST", ex.segments, json_body={**body, "get_or_create": False})
+        except BackendClientError as exc:
+            if exc.status != 409:
+                raise
+            # It exists (created since we looked, or a plain create of an existing name).
+            opened = await self._open_collection(ex, tenant, database, name)
+            if opened is None or not get_or_create:
+                raise
+            return 200, opened[1]
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
             raise UpstreamError("unexpected backend answer")
-        rec = self.ledger.get_collection(BACKEND, coll["id"])
-        if rec is None:
-            if body.get("get_or_create") and coll.get("name") == body["name"] and self._exists_before(coll):
-                raise Conflict("a collection with this name exists in the backend but is not governed by memwarden")
-            self.ledger.register_collection(CollectionRecord(
-                BACKEND, coll["id"], tenant, database, body["name"], self._p(ex).uid[1], now_us()))
-        elif rec.tenant != tenant or rec.database != database:
-            raise NotFound("collection not found", reason="unknown_collection")
+        if self.ledger.get_collection(BACKEND, coll["id"]) is not None:
+            raise UpstreamError("backend reused a collection id")
+        self.ledger.register_collection(CollectionRecord(
+            BACKEND, coll["id"], tenant, database, name, self._p(ex).uid[1], now_us()))
         return 200, coll
 
-    @staticmethod
-    def _exists_before(coll: dict[str, Any]) -> bool:
-        # Chroma answers get_or_create with the existing collection; we cannot tell it apart from a new
-        # one by shape, so an unregistered answer to get_or_create is treated as pre-existing only when
-        # the backend says it already holds records (log_position > 0).
-        return bool(coll.get("log_position"))
-
     async def op_get_collection_by_name(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require_namespace(ex, params["tenant"], params["database"], "list")
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        return 200, self._own_collection_json(ex, params, coll)
+        rec = self._known_collection(ex, tenant, database, coll)
+        self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return 200, coll
 
     async def op_get_collection_by_id(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        if self.ledger.get_collection(BACKEND, params["collection"]) is None:
+            # Not governed: 409 only if Chroma holds it in the caller's tenant and the path's database.
+            self._require_namespace(ex, tenant, database, "list")
+            try:
+                coll = await self.upstream.call("GET", ex.segments)
+            except BackendClientError as exc:
+                raise NotFound("collection not found", reason="unknown_collection") from exc
+            self._known_collection(ex, tenant, database, coll)
         self._require_collection(ex, params, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        return 200, self._own_collection_json(ex, params, coll)
+        self._known_collection(ex, tenant, database, coll)
+        return 200, coll
 
     async def op_modify_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "admin")
@@ -399,8 +453,8 @@ class ChromaProfile:
         tenant, database = params["tenant"], params["database"]
         self._require_namespace(ex, tenant, database, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        own = self._own_collection_json(ex, params, coll)
-        rec = self._require_collection(ex, {**params, "collection": own["id"]}, "admin")
+        own = self._known_collection(ex, tenant, database, coll)
+        rec = self._require_collection(ex, {**params, "collection": own.collection_id}, "admin")
         self.ledger.delete_collection(BACKEND, rec.collection_id, self._p(ex).uid[1], ex.request_id)
         return 200, await self.upstream.call("DELETE", ex.segments)
 
