@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, demo, probe, stack.
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, demo, probe, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -52,6 +52,10 @@ ledger_cli = typer.Typer(help="ledger schema (SQLite file or MEMWARDEN_LEDGER_UR
 app.add_typer(ledger_cli, name="ledger")
 console = Console()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+from sidecar.adopt.cli import adopt_app  # noqa: E402  (its own module: adopt chroma|mem0)
+
+app.add_typer(adopt_app, name="adopt")
 
 
 def _load(**overrides: Any) -> Settings:
