@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sidecar.config import ConfigError, Settings, load_settings
+from sidecar.config import ConfigError, Settings, default_policies_dir, load_settings
 from sidecar.errors import PolicyLoadError
 from sidecar.ledger import ledger_from_settings, open_ledger
 
@@ -412,40 +412,69 @@ def probe_report(run_dir: Path = typer.Argument(..., help="a run directory with 
 @app.command()
 def stack(
     workdir: Path = typer.Option(Path(".memwarden/stack"), help="Chroma data, ledger and logs"),
-    port: int = typer.Option(8080, help="sidecar port"),
+    port: int = typer.Option(8080, min=1, max=65535, help="sidecar port"),
+    chroma_port: int = typer.Option(0, min=0, max=65535, help="Chroma port (0: a free one)"),
     tenant: str = typer.Option("demo", help="tenant to provision"),
 ) -> None:
-    """Run `chroma run` + the sidecar on 127.0.0.1 until interrupted; print how to call it."""
+    """Run `chroma run` + the sidecar on 127.0.0.1 until Ctrl-C or SIGTERM (both stop the two servers);
+    print how to call it. Exits 2, before starting anything or creating keys, when a port is taken; 1 when
+    a server stops on its own."""
+    import signal
     import time
 
-    from sidecar.harness import start_chroma, start_sidecar
+    from sidecar.harness import Server, free_port, port_in_use, start_chroma, start_sidecar
 
+    chroma_port = chroma_port or free_port()
+    for name, option, number in (("memwarden", "--port", port), ("Chroma", "--chroma-port", chroma_port)):
+        problem = port_in_use("127.0.0.1", number)
+        if problem:
+            err.print(f"memwarden stack: port {number} on 127.0.0.1 (for {name}) is not free: {problem}; "
+                      f"choose another with {option}", markup=False)
+            raise typer.Exit(2)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM and SIGHUP stop the stack exactly as Ctrl-C does
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     ledger_path = workdir / "ledger.db"
-    store = open_ledger(str(ledger_path))
-    admin = store.create_key("admin", tenant, None, None, 0)[1]
-    agent = store.create_key("agent", tenant, "main", "agent1", 1)[1]
-    store.close()
-    chroma = start_chroma(workdir / "chroma")
-    policies = Path(__file__).resolve().parent.parent / "policies"
+    children: list[Server] = []
+    code = 0
     try:
-        side = start_sidecar(chroma.url, ledger_path, policies, port=port)  # `memwarden serve`: the same gate
-    except RuntimeError as exc:
-        chroma.stop()
-        err.print(f"memwarden stack: {exc}", markup=False)
-        raise typer.Exit(2) from None
-    console.print(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
-    console.print(f"admin key for tenant {tenant!r}: {admin}\nagent key ({tenant}/main/agent1, trust 1): {agent}")
-    console.print(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")
-    console.print(f"more keys: memwarden keys create --ledger {ledger_path} --tenant {tenant} --fleet F --agent A --trust N")
-    console.print("Ctrl-C stops both.")
-    try:
-        while side.proc.poll() is None and chroma.proc.poll() is None:
+        children.append(start_chroma(workdir / "chroma", port=chroma_port))
+        chroma = children[0]
+        # `memwarden serve`, through the same policy gate, with the packaged default policy set.
+        children.append(start_sidecar(chroma.url, ledger_path, default_policies_dir(), port=port))
+        side = children[1]
+        store = open_ledger(str(ledger_path))
+        try:
+            admin = store.create_key("admin", tenant, None, None, 0)[1]
+            agent = store.create_key("agent", tenant, "main", "agent1", 1)[1]
+        finally:
+            store.close()
+        # Plain lines (never wrapped): the keys and the curl line are copied from here.
+        typer.echo(f"Chroma: {chroma.url} (do not expose)   memwarden: {side.url}")
+        typer.echo(f"admin key for tenant {tenant!r}: {admin}")
+        typer.echo(f"agent key ({tenant}/main/agent1, trust 1): {agent}")
+        typer.echo(f"curl -H 'X-API-Key: {agent}' {side.url}/api/v2/auth/identity")
+        typer.echo(f"more keys: memwarden keys create --ledger {ledger_path} --tenant {tenant} --fleet F --agent A --trust N")
+        typer.echo("Ctrl-C (or SIGTERM) stops both.")
+        while all(c.proc.poll() is None for c in children):
             time.sleep(0.5)
+        gone = next(c for c in children if c.proc.poll() is not None)
+        err.print(f"memwarden stack: {gone.name} exited with status {gone.proc.returncode} (log {gone.log}); "
+                  "stopping", markup=False)
+        code = 1
     except KeyboardInterrupt:
         pass
+    except RuntimeError as exc:  # a server that did not start (its log tail is in the message)
+        err.print(f"memwarden stack: {exc}", markup=False)
+        code = 2
     finally:
-        side.stop()
-        chroma.stop()
+        for child in reversed(children):
+            child.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,19 @@ from pydantic import Field, HttpUrl, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def default_policies_dir() -> Path:
+    """The default policy set, used when ``POLICIES_DIR`` is unset: ``sidecar/default_policies/`` of an
+    installed wheel (the build-time copy of the repository's ``policies/``, setup.py), else ``policies/``
+    of the source checkout this package is imported from (an editable install). An absolute path."""
+    packaged = PACKAGE_DIR / "default_policies"
+    if packaged.is_dir():
+        return packaged
+    return PACKAGE_DIR.parent / "policies"
+
+
 class Settings(BaseSettings):
     """Every option, its default and unit. Environment variable = ``MEMWARDEN_`` + upper-case name."""
 
@@ -43,7 +56,9 @@ class Settings(BaseSettings):
     ledger_timeout_s: float = Field(default=5.0, gt=0, description="seconds to get a pooled/new PostgreSQL connection")
     ledger_migrate_on_start: bool = Field(
         default=True, description="apply pending ledger migrations at start-up; false: refuse to start on an old schema")
-    policies_dir: Path = Field(default=Path("policies"), description="directory with *.cedarschema and *.cedar")
+    policies_dir: Path = Field(
+        default_factory=default_policies_dir,
+        description="directory with *.cedarschema and *.cedar; default: the policy set shipped in the package")
     invariants_dir: Path | None = Field(
         default=None, description="extra invariants (*.cedar) pinned from another source (e.g. a second ConfigMap), "
         "checked with the package's baseline and the policy directory's own invariants/")

@@ -18,12 +18,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sidecar.config import default_policies_dir
 from sidecar.governance import Principal, Row, agent_entity, row_entities
 from sidecar.harness import Server, start_chroma, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.policy import CedarRequest, PolicyEngine
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = default_policies_dir()  # the packaged default set (a checkout: its policies/)
 TENANTS = ("acme", "globex")
 # (fleet, agent, trust)
 AGENTS = [("red", "scout", 0), ("red", "writer", 1), ("red", "lead", 3),

@@ -25,6 +25,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why `port` on `host` cannot be listened on (e.g. ``[Errno 98] Address already in use``), or None when
+    it can. Bound with ``SO_REUSEADDR`` as uvicorn and Chroma bind, so a port in TIME_WAIT counts as free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return str(exc)
+    return None
+
+
 @dataclass
 class Server:
     """A running subprocess serving HTTP at `url`; its output goes to `log`."""
@@ -53,19 +65,24 @@ class Server:
 
 
 def _wait(server: Server, path: str, timeout_s: float, headers: dict[str, str] | None = None) -> Server:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:  # its whole start-up output: a refusal lists every problem
-            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail(100_000)}")
-        try:
-            r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False)
-            if r.status_code < 500:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"{server.name} did not start within {timeout_s}s:\n{server.log_tail()}")
+    """`server` once `path` answers below 500; a server that exits, does not answer within `timeout_s`, or
+    whose start is interrupted (Ctrl-C, a signal handler raising) is stopped before the error propagates."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if server.proc.poll() is not None:  # its whole start-up output: a refusal lists every problem
+                raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail(100_000)}")
+            try:
+                r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False)
+                if r.status_code < 500:
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{server.name} did not start within {timeout_s}s:\n{server.log_tail()}")
+    except BaseException:
+        server.stop()
+        raise
 
 
 def chroma_executable() -> str:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sidecar.config import default_policies_dir
 from sidecar.harness import Server, start_chroma, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.probe.experiments import EXPERIMENTS, RUNNERS, Embed, Events, Sizes
@@ -24,7 +25,7 @@ from sidecar.probe.plan import Plan
 from sidecar.probe.report import write_report
 from sidecar.probe.targets import ChromaTarget, Mem0Target, Target
 
-POLICIES = Path(__file__).resolve().parents[2] / "policies"
+POLICIES = default_policies_dir()  # the packaged default set (a checkout: its policies/)
 DATABASE = "probe_db"
 BACKENDS = ("chroma", "mem0")
 BACKEND_LABEL = {"chroma": "Chroma", "mem0": "Mem0"}

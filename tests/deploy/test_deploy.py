@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import tomllib
 import zipfile
@@ -27,6 +25,8 @@ DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"
 sys.path.insert(0, str(DEPLOY / "kubernetes"))
 import render  # noqa: E402
+
+from tests.wheelutil import PACKAGED_POLICIES, build_wheel, policy_files  # noqa: E402
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -72,16 +72,8 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert entrypoint == ["memwarden"] and scripts["memwarden"] == "sidecar.cli:app"
     # The wheel the image's `pip install .` builds declares that console script and ships the package.
-    # Built from a copy of what the Dockerfile copies (no build/ or egg-info left in the work tree).
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("sidecar", "invariants"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
-                   check=True, capture_output=True, timeout=240)
-    wheel = next(tmp_path.glob("memwarden-*.whl"))
+    # Built from a copy of what the Dockerfile's build stage copies (no build/ or egg-info left in the work tree).
+    wheel = build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -93,6 +85,13 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         for f in baseline:
             assert zf.read(f"invariants/baseline/{f.name}") == f.read_bytes()
+        # The default policy set is the build-time copy of policies/ (setup.py): the same files, byte for byte.
+        packaged = {n[len(PACKAGED_POLICIES):]: zf.read(n) for n in names
+                    if n.startswith(PACKAGED_POLICIES) and not n.endswith("/")}
+    expected = policy_files(ROOT / "policies")
+    assert "memwarden.cedarschema" in expected and "default.cedar" in expected
+    assert any(name.startswith("tests/") for name in expected)
+    assert packaged == expected
     # The CMD (and the compose/k8s arguments) are accepted by that command.
     from typer.testing import CliRunner
 
