@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -103,63 +104,80 @@ def adopt(target: Target, rules: Rules, base: _Layer, ledger: Ledger, *, label: 
     source = f"{target.backend}:adopt:{rules.sha256[:12]}"
     crash_at = _failpoint(failpoints)
     pages_written = 0
-    for page in target.pages():
-        report.scanned += len(page)
-        known = ledger.get_rows(target.backend, target.collection, [f.row_id for f in page])
-        new: list[tuple[Found, Row, Assignment]] = []
-        restamp: list[tuple[Found, Row]] = []
-        for found in page:
-            row = known.get(found.row_id)
-            if row is not None:
-                if row.status in ("active", "superseded"):
-                    report.already += 1
-                    if not target.is_stamped(found, row):
-                        restamp.append((found, row))
-                elif row.status == "deleted":
-                    report.tombstoned += 1
-                else:
-                    report.pending += 1
-                continue
-            got = rules.assign(base, found.native, found.plain())
-            if isinstance(got, Uncovered):
-                report.uncovered.append((found.row_id, got.reason))
-                continue
-            cedar = target.cedar_attrs(found)
-            new.append((found, Row(
-                backend=target.backend, collection=target.collection, row_id=found.row_id, tenant=rules.tenant,
-                fleet=got.fleet, owner=got.owner, scope=got.scope, writer=WRITER,
-                created_at=found.created_at if found.created_at is not None else now_us(),
-                readers=got.readers, request_id="", source=source,
-                content_hmac=content_digest(key, found.text) if found.text is not None else None,
-                extra={"cedar": cedar} if cedar else {},
-            ), got))
-        digests = [r.content_hmac for _, r, _ in new if r.content_hmac]
-        gone = ledger.forgotten(rules.tenant, digests) if digests else set()
-        if gone:
-            report.uncovered += [(f.row_id, DELETED_CONTENT) for f, r, _ in new if r.content_hmac in gone]
-            new = [(f, r, a) for f, r, a in new if r.content_hmac not in gone]
-        if not dry_run:
-            listing = sorted({(rules.tenant, *k) for f, _, _ in new for k in target.listing(f)})
-            inserted = set(ledger.adopt_rows([r for _, r, _ in new], listing)) if new else set()
-            raced = [f for f, r, _ in new if r.row_id not in inserted]
-            if raced:  # registered by a concurrent write since we looked: governed, left as it is
-                now = ledger.get_rows(target.backend, target.collection, [f.row_id for f in raced])
-                report.already += len(raced)
-                restamp += [(f, now[f.row_id]) for f in raced
-                            if f.row_id in now and now[f.row_id].status in ("active", "superseded")
-                            and not target.is_stamped(f, now[f.row_id])]
-                new = [(f, r, a) for f, r, a in new if r.row_id in inserted]
-            pages_written += 1
-            if crash_at is not None and pages_written >= crash_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            target.stamp([(f, r) for f, r, _ in new] + restamp)
-        report.restamped += len(restamp)
-        report.adopted += len(new)
-        for _, r, a in new:
-            report.by_scope[r.scope] += 1
-            report.by_owner[r.owner] += 1
-            report.by_rule[a.rule] += 1
-        if on_page is not None:
-            on_page(len(page))
+    # A page's backend stamp runs while the next page is read and registered; every row is still committed
+    # to the ledger before its stamp is sent. A failed stamp fails the run (at the next page or at the end).
+    stamping: Future[None] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adopt-stamp") as pool:
+        for page in target.pages():
+            items = _page(target, rules, base, ledger, page, report, key, source, dry_run)
+            if items is not None:
+                pages_written += 1
+                if stamping is not None:
+                    stamping.result()
+                if crash_at is not None and pages_written >= crash_at:
+                    os.kill(os.getpid(), signal.SIGKILL)  # after this page's ledger commit, before its stamp
+                stamping = pool.submit(target.stamp, items)
+            if on_page is not None:
+                on_page(len(page))
+        if stamping is not None:
+            stamping.result()
     report.truncated = list(getattr(target, "truncated", []))
     return report
+
+
+def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list[Found], report: Report, key: bytes,
+          source: str, dry_run: bool) -> list[tuple[Found, Row]] | None:
+    """One page: decide every row and (unless `dry_run`) register the new ones in one ledger transaction.
+    Returns what to stamp into the backend (new rows and governed rows whose stamp differs), None in a dry run."""
+    report.scanned += len(page)
+    known = ledger.get_rows(target.backend, target.collection, [f.row_id for f in page])
+    new: list[tuple[Found, Row, Assignment]] = []
+    restamp: list[tuple[Found, Row]] = []
+    for found in page:
+        row = known.get(found.row_id)
+        if row is not None:
+            if row.status in ("active", "superseded"):
+                report.already += 1
+                if not target.is_stamped(found, row):
+                    restamp.append((found, row))
+            elif row.status == "deleted":
+                report.tombstoned += 1
+            else:
+                report.pending += 1
+            continue
+        got = rules.assign(base, found.native, found.plain())
+        if isinstance(got, Uncovered):
+            report.uncovered.append((found.row_id, got.reason))
+            continue
+        cedar = target.cedar_attrs(found)
+        new.append((found, Row(
+            backend=target.backend, collection=target.collection, row_id=found.row_id, tenant=rules.tenant,
+            fleet=got.fleet, owner=got.owner, scope=got.scope, writer=WRITER,
+            created_at=found.created_at if found.created_at is not None else now_us(),
+            readers=got.readers, request_id="", source=source,
+            content_hmac=content_digest(key, found.text) if found.text is not None else None,
+            extra={"cedar": cedar} if cedar else {},
+        ), got))
+    digests = [r.content_hmac for _, r, _ in new if r.content_hmac]
+    gone = ledger.forgotten(rules.tenant, digests) if digests else set()
+    if gone:
+        report.uncovered += [(f.row_id, DELETED_CONTENT) for f, r, _ in new if r.content_hmac in gone]
+        new = [(f, r, a) for f, r, a in new if r.content_hmac not in gone]
+    if not dry_run:
+        listing = sorted({(rules.tenant, *k) for f, _, _ in new for k in target.listing(f)})
+        inserted = set(ledger.adopt_rows([r for _, r, _ in new], listing)) if new else set()
+        raced = [f for f, r, _ in new if r.row_id not in inserted]
+        if raced:  # registered by a concurrent write since we looked: governed, left as it is
+            now = ledger.get_rows(target.backend, target.collection, [f.row_id for f in raced])
+            report.already += len(raced)
+            restamp += [(f, now[f.row_id]) for f in raced
+                        if f.row_id in now and now[f.row_id].status in ("active", "superseded")
+                        and not target.is_stamped(f, now[f.row_id])]
+            new = [(f, r, a) for f, r, a in new if r.row_id in inserted]
+    report.restamped += len(restamp)
+    report.adopted += len(new)
+    for _, r, a in new:
+        report.by_scope[r.scope] += 1
+        report.by_owner[r.owner] += 1
+        report.by_rule[a.rule] += 1
+    return None if dry_run else [(f, r) for f, r, _ in new] + restamp

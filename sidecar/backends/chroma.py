@@ -148,6 +148,54 @@ def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
     return out
 
 
+# Governed keys no client requests, which a read shows (stamped or decorated): on an update of an existing row a
+# client may send them back unchanged; any other value, or any of them on a new row, is 400.
+SHOWN_ONLY = ("mw_tenant", "mw_owner", "mw_writer", "mw_created_at", "mw_source", "mw_supersedes_id", "mw_superseded_by")
+GOVERNED_KEY = "metadata key {!r} is governed by memwarden and cannot be set"
+
+
+def _claims(meta: Any) -> tuple[Any, dict[str, Any]]:
+    """(metadata without the shown-only governed keys, those keys): `SHOWN_ONLY`, ``mw_r:*`` and a
+    ``mw_readers`` in the stored form (agent uids ``t/f/a``, as a read shows it; requests name ``f/a``)."""
+    if not isinstance(meta, dict):
+        return meta, {}
+    kept: dict[str, Any] = {}
+    claimed: dict[str, Any] = {}
+    for key, value in meta.items():
+        stored_readers = key == "mw_readers" and isinstance(value, str) and value and all(
+            x.count("/") == 2 for x in value.split(","))
+        if key in SHOWN_ONLY or key.startswith(READER_PREFIX) or stored_readers:
+            claimed[key] = value
+        else:
+            kept[key] = value
+    return kept, claimed
+
+
+def _refuse_claims(pre: list[tuple[Any, dict[str, Any]]]) -> None:
+    for _, claimed in pre:
+        if claimed:
+            raise BadRequest(GOVERNED_KEY.format(sorted(claimed)[0]))
+
+
+def _without_echo(claimed: dict[str, Any], requested: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+    """`requested` without the governed keys that only repeat what the caller was shown (`view`); 400 for a
+    shown-only key with another value. Write-once keys equal to the row's are dropped (not a change)."""
+    for key, value in claimed.items():
+        if key not in view or view[key] != value or type(view[key]) is not type(value):
+            raise BadRequest(GOVERNED_KEY.format(key))
+    out = dict(requested)
+    if _same_key(out, view, "mw_derived_from", lambda v: tuple(str(v).split(","))):
+        del out["mw_derived_from"]
+    for key in ("mw_subject", "mw_predicate", "mw_object"):
+        if _same_key(out, view, key, lambda v: v):
+            del out[key]
+    return out
+
+
+def _same_key(requested: dict[str, Any], view: dict[str, Any], key: str, shown: Any) -> bool:
+    return key in requested and key in view and requested[key] == shown(view[key])
+
+
 def _obj(body: Any) -> dict[str, Any]:
     if body is None:
         return {}
@@ -471,6 +519,13 @@ class ChromaProfile:
                  document: Any) -> Row:
         return self.prov.new_row(ex, rec.collection_id, row_id, requested, document)
 
+    def _views(self, ex: Exchange, rec: CollectionRecord, rows: list[Row]) -> dict[str, dict[str, Any]]:
+        """Per row, its governed metadata as this caller is shown it on a read (stamp, supersession links,
+        readable parents): what an echo of the row's metadata may carry unchanged."""
+        shown = [{"ids": r.row_id, "metadatas": stamp(None, r)} for r in rows]
+        self._decorate(ex, rec, shown)
+        return {d["ids"]: {k: v for k, v in d["metadatas"].items() if k.startswith("mw_")} for d in shown}
+
     def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
         """The row after a requested scope/fleet/readers change and the redistribute context; None if no change."""
         new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
@@ -496,7 +551,12 @@ class ChromaProfile:
             raise BadRequest(f"unknown fields: {sorted(set(body) - allowed_keys)}")
         if p.kind != "agent" and op != "update":
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
-        split = [self._requested(p, metas[i] if metas else None) for i in range(len(ids))]
+        # Governed keys a client can only echo back (what a read showed it, e.g. a client that round-trips a
+        # row's whole metadata on update, as mem0's Chroma store does): set aside, checked against the row below.
+        pre = [_claims(metas[i] if metas else None) for i in range(len(ids))]
+        if op == "add":
+            _refuse_claims(pre)
+        split = [self._requested(p, meta) for meta, _ in pre]
         documents = body.get("documents") or [None] * len(ids)
         if op != "update":
             # The write decision first, on every id as a new row: a principal that may not write learns
@@ -529,6 +589,12 @@ class ChromaProfile:
         if len(visible) != len(existing):
             ex.decision = "deny"
             raise NotFound("record not found")
+        _refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
+        echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
+        if echoed:
+            views = self._views(ex, rec, [known[ids[i]] for i in echoed])
+            for i in echoed:
+                split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
         checks: list[tuple[str, Row, dict[str, Any] | None]] = []
         final: dict[str, Row] = {}
         changed: list[Row] = []
