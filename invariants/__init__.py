@@ -1,5 +1,5 @@
 """policy-check: prove invariants of a Cedar policy set with Z3 and replay every
-counterexample through the Cedar engine (DESIGN.md §3).
+counterexample through the Cedar engine (docs/design.md §3).
 
 Public surface (``__all__`` is pinned by tests/invariants/test_public_api.py)."""
 

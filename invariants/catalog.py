@@ -1,7 +1,7 @@
 """Invariants: loading them from Cedar files and checking them, one per invariant × action.
 
 An invariant file is a Cedar policy file (so reviewers read invariants in the language
-of the policies, DESIGN.md §3).  Each policy in it is one invariant; ``@id`` names it and
+of the policies, docs/design.md §3).  Each policy in it is one invariant; ``@id`` names it and
 ``@kind`` says how it is read (default ``bound``):
 
 ``bound`` + ``permit (scope) when { C }``
@@ -46,11 +46,12 @@ from . import counterexample as cx
 from .concrete import evaluate
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
+from .summary import counterexample_summary as cx_summary
 from .schema import LONG, Schema, TLong
 from .translate import (LONG_MAX, LONG_MIN, PolicyTerm, Query, Registry, Request, Store, Translator, Val,
                         background, policy_set_terms)
 
-__all__ = ["Invariant", "CheckResult", "KINDS", "load_invariants", "check_invariants", "compare_sets",
+__all__ = ["Invariant", "CheckResult", "PolicyRef", "describe", "KINDS", "load_invariants", "check_invariants", "compare_sets",
            "actions_of", "DEFAULT_TIMEOUT_S"]
 
 KINDS = ("bound", "never-errors", "monotone", "unconstrained")
@@ -91,11 +92,34 @@ def actions_of(schema: Schema, sc: Any) -> list[str]:
     return [a for a in acts if ids & (schema.action_ancestors(a) | {a})]
 
 
+@dataclass(frozen=True)
+class PolicyRef:
+    """A policy named in a result: its display id and where it is written (1-based line and column)."""
+
+    id: str
+    file: str
+    line: int
+    column: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.id, "file": self.file, "line": self.line, "column": self.column}
+
+    def __str__(self) -> str:
+        return f"{self.id} at {self.file}:{self.line}"
+
+
 @dataclass
 class CheckResult:
     """One invariant × action.  ``status``: PROVED, VIOLATED, UNKNOWN, DISAGREE (model and
     Cedar disagree on the counterexample: a translator bug), UNCOVERED or VACUOUS.  ``seconds`` is
-    solver time summed over the request environments."""
+    solver time summed over the request environments.  ``file``/``line``: the invariant.
+
+    For a result with a counterexample: ``summary`` is one English line (``invariants.summary``, e.g.
+    "agent agent1 (fleet fleet1, trust 0) may read a fleet-scoped row memory1 owned by agent2 in fleet
+    fleet2"); ``permitted_by`` the policies Cedar names as determining the counterexample's Allow (for a
+    ``--compare`` change: on the set that allows it); ``blamed`` the policies a reviewer should look at
+    first — the permits of a violated bound, the policies raising the evaluation error of
+    ``never-errors``, the forbids that deny the raised-trust request of ``monotone`` (else its permits)."""
 
     invariant: str
     action: str
@@ -105,6 +129,41 @@ class CheckResult:
     counterexample: dict[str, Any] | None = None
     file: str = ""
     line: int = 0
+    summary: str = ""
+    permitted_by: list[PolicyRef] = field(default_factory=list)
+    blamed: list[PolicyRef] = field(default_factory=list)
+
+
+def _refs(ids: list[str], policies: list[Policy]) -> list[PolicyRef]:
+    by_id = {p.id: p for p in policies}
+    out = []
+    for pid in ids:
+        p = by_id.get(pid)
+        out.append(PolicyRef(pid, p.file, p.line, getattr(p, "column", 1)) if p is not None else PolicyRef(pid, "", 0))
+    return out
+
+
+def describe(r: CheckResult, policies: list[Policy]) -> CheckResult:
+    """Fill ``summary``, ``permitted_by`` and ``blamed`` of a result from its counterexample; returns ``r``."""
+    cex = r.counterexample
+    if not cex:
+        return r
+    r.summary = cx_summary(cex)
+    if "new" in cex and "cedar" not in cex:  # --compare: the side that allows the request
+        side = cex["new"] if cex.get("invariant") == "newly-permitted" else cex["old"]
+        cedar = side.get("cedar") or {}
+    else:
+        cedar = cex.get("cedar") or {}
+    allow_ids = list(cedar.get("reasons") or []) if cedar.get("decision") == "allow" else []
+    r.permitted_by = _refs(allow_ids, policies)
+    if cex.get("kind") == "never-errors":
+        r.blamed = _refs(list(cedar.get("errors") or []), policies)
+    elif cex.get("kind") == "monotone":
+        raised = ((cex.get("raised") or {}).get("cedar") or {}).get("reasons") or []
+        r.blamed = _refs(list(raised), policies) or list(r.permitted_by)
+    else:
+        r.blamed = list(r.permitted_by)
+    return r
 
 
 @dataclass
@@ -330,7 +389,7 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
     order = {i.id: n for n, i in enumerate(invs)}
     acts = schema.applicable_actions()
     for (iid, action), parts in sorted(per.items(), key=lambda kv: (order[kv[0][0]], acts.index(kv[0][1]))):
-        results.append(_merge(by_id[iid], action, parts))
+        results.append(describe(_merge(by_id[iid], action, parts), policies))
     covered = {a for i in invs if i.kind in ("bound", "monotone", "unconstrained")
                for a in actions_of(schema, i.policy.ast.action)
                if i.kind == "unconstrained" or (i.id, a) in per}
@@ -399,5 +458,5 @@ def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new
             r = _merge(inv, action, parts)
             r.file, r.line = "", 0
             r.status = {"PROVED": "UNCHANGED", "VIOLATED": "CHANGED"}.get(r.status, r.status)
-            results.append(r)
+            results.append(describe(r, new if direction == "newly-permitted" else old))
     return results

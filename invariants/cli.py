@@ -25,10 +25,10 @@ import typer
 from rich.console import Console
 
 from .catalog import DEFAULT_TIMEOUT_S, compare_sets
-from .errors import PolicyCheckError, PolicyInvalid, Unsupported
+from .errors import PolicyCheckError, PolicyInvalid, SchemaSyntaxError, Unsupported
 from .gate import evaluate
 from .project import load_project
-from .report import Report, exit_code, render
+from .report import Problem, Report, exit_code, render, render_problems
 
 __all__ = ["app", "main"]
 
@@ -54,14 +54,19 @@ def _save(rep: Report, out_dir: Path) -> None:
         rep.saved[(r.invariant, r.action)] = str(path)
 
 
-def _invalid(exc: PolicyInvalid, fmt: Format, console: Console) -> int:
-    if fmt == Format.json:
-        console.file.write(json.dumps({"tool": "policy-check", "exit_code": 1, "invalid": [
-            {"file": f, "line": ln, "policy": pid, "message": m} for f, ln, pid, m in exc.problems]}, indent=2) + "\n")
-    else:
-        for f, ln, pid, m in exc.problems:
-            Console(stderr=True).print(f"{f}:{ln}: [red]invalid[/] {pid}: {m}", markup=True, highlight=False)
-    return 1
+def _problems(exc: PolicyCheckError) -> tuple[list[Problem], int]:
+    if isinstance(exc, PolicyInvalid):
+        out = []
+        for (f, ln, pid, m), col in zip(exc.problems, exc.columns):
+            rule = "schema-invalid" if m.startswith(("schema error:", "schema rejected")) else "policy-invalid"
+            out.append(Problem(rule, m, f if f not in ("?", "") else "", ln, col, pid))
+        return out, 1
+    if isinstance(exc, Unsupported):
+        return [Problem("unknown", str(exc))], 3
+    if isinstance(exc, SchemaSyntaxError):
+        return [Problem("schema-invalid", str(exc).split(": ", 1)[-1] if exc.file else str(exc),
+                        exc.file or "", exc.line)], 2
+    return [Problem("input-error", str(exc))], 2
 
 
 def version_text() -> str:
@@ -112,14 +117,11 @@ def run(
             assert directory is not None
             proj = load_project(directory, invariants, schema_path=schema)
             rep = evaluate(proj, timeout)
-    except PolicyInvalid as exc:
-        raise typer.Exit(_invalid(exc, fmt, console)) from None
-    except Unsupported as exc:
-        Console(stderr=True).print(f"UNKNOWN: {exc}", highlight=False)
-        raise typer.Exit(3) from None
     except PolicyCheckError as exc:
-        Console(stderr=True).print(f"error: {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        # Whatever stopped the check, every format still answers (SARIF/JUnit/JSON are never empty).
+        problems, code = _problems(exc)
+        render_problems(problems, code, fmt.value, console, str(directory or compare))
+        raise typer.Exit(code) from None
     rep.wall_seconds = time.perf_counter() - t0
     _save(rep, counterexamples)
     render(rep, fmt.value, console)

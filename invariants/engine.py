@@ -5,7 +5,11 @@ Everything else works on the typed AST (``cedarpy.pst`` dataclasses) and on plai
 Cedar JSON (request dicts and entity lists in the Cedar JSON entity format,
 https://docs.cedarpolicy.com/auth/entities-syntax.html).
 
-Errors: ``PolicyInvalid`` (syntax or validation error, with file and line).
+Errors: ``PolicyInvalid`` (syntax or validation error, with file, line and column). Cedar's messages
+carry no position; `locate` recovers it (``invariants.source``): a syntax error is at the first token
+whose prefix of the text already fails with the file's error (LR parsers fail on the first token they
+cannot shift), refined to the token the message names ("invalid variable: x", "the input `\\q` is
+not a valid escape") when Cedar reports it at the end of the statement.
 """
 
 from __future__ import annotations
@@ -13,26 +17,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import cedarpy
 from cedarpy import pst
 
 from .errors import PolicyInvalid
+from .source import Token, find_fragment, line_col, tokens
 
-__all__ = ["Policy", "PolicyFile", "load_policy_files", "validate", "authorize", "Replay", "parse_text"]
+__all__ = ["Policy", "PolicyFile", "load_policy_files", "validate", "authorize", "Replay", "parse_text",
+           "check_schema", "locate"]
 
 
 @dataclass(frozen=True)
 class Policy:
-    """One static policy: the AST, where it was written, and its display id
-    (the ``@id`` annotation, else ``file:line``)."""
+    """One static policy: the AST, where it was written (1-based line and column of its first token),
+    and its display id (the ``@id`` annotation, else ``file:line``)."""
 
     ast: pst.Template
     file: str
     line: int
     id: str
     text: str
+    column: int = 1
 
 
 @dataclass
@@ -46,43 +53,132 @@ _LEX = re.compile(r'"(?:[^"\\]|\\.)*"|//[^\n]*|[{}()\[\];]|[^"/{}()\[\];]+|/', r
 
 
 def _statements(text: str) -> list[tuple[int, str]]:
-    """Split Cedar policy text into top-level statements: (first line, text)."""
+    """Split Cedar policy text into top-level statements: (offset of the first token, text)."""
     out: list[tuple[int, str]] = []
-    depth, start, line, start_line = 0, None, 1, 1
+    depth, start = 0, None
     for m in _LEX.finditer(text):
         tok = m.group()
         if not tok.startswith("//") and tok.strip():
             if start is None:
-                start = m.start()
-                start_line = line + text[m.start():m.start() + len(tok) - len(tok.lstrip())].count("\n")
+                start = m.start() + len(tok) - len(tok.lstrip())
             if tok in ("{", "(", "["):
                 depth += 1
             elif tok in ("}", ")", "]"):
                 depth -= 1
             elif tok == ";" and depth == 0:
-                out.append((start_line, text[start:m.end()]))
+                out.append((start, text[start:m.end()]))
                 start = None
-        line += tok.count("\n")
     if start is not None:
-        out.append((start_line, text[start:]))
+        out.append((start, text[start:]))
     return out
 
 
+def _parse_error(text: str) -> str | None:
+    try:
+        cedarpy.policies_to_pst(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+_FRAGMENT = re.compile(r"`([^`]*)`")
+
+
+_CLOSED_STR = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_CEDAR_OPS = {"==", "!=", "<=", ">=", "&&", "||", "::", "(", ")", "[", "]", "{", "}", ",", ";", ".", ":", "<", ">",
+              "!", "+", "-", "*", "%", "@", "?", "="}
+
+
+def locate(text: str, message: str, parse: Callable[[str], str | None], reverse: bool = True) -> int:
+    """Offset in ``text`` of the error ``message`` that ``parse(text)`` reports (``parse`` answers a
+    text's error message, or None when it parses).
+
+    Cedar's parser recovers at the end of a statement and reports the first error of a complete text,
+    but "unexpected end of input" for any prefix that stops inside a statement. So: (1) the statement
+    is the first whose end (a ``;`` outside brackets) closes a prefix that fails with ``message``
+    (binary search over statement ends); (2) inside it, an "unexpected token `X`" is the first ``X``
+    whose prefix, closed with ``;``, already fails with ``message``; an "invalid token" the first lexeme
+    Cedar cannot read (an unterminated string, a stray character); any other message (Cedar's
+    conversion errors: "invalid variable: x", "the input `\\q` is not a valid escape") the first
+    token the message names — a `backticked` fragment, the last one first when ``reverse``, or the
+    text after the last ": " — else the statement's first token."""
+    toks = tokens(text)
+    if not toks:
+        return 0
+    bare = message.removeprefix("error parsing schema: ")
+    if bare.startswith("unexpected end of input"):
+        return toks[-1].end
+    cuts, depth = [], 0
+    for i, t in enumerate(toks):
+        if t.text in ("(", "[", "{"):
+            depth += 1
+        elif t.text in (")", "]", "}"):
+            depth = max(0, depth - 1)
+        elif t.text == ";" and depth == 0:
+            cuts.append(i)
+    lo, hi = 0, len(cuts)  # the answer is a cut index in [0, len(cuts)]; len(cuts) means "after the last"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if parse(text[:toks[cuts[mid]].end]) == message:
+            hi = mid
+        else:
+            lo = mid + 1
+    first = cuts[lo - 1] + 1 if lo > 0 else 0
+    last = cuts[lo] if lo < len(cuts) else len(toks) - 1
+    first = min(first, last)
+    if bare.startswith("unexpected token"):
+        named = _FRAGMENT.findall(bare)
+        cands = [i for i in range(first, last + 1) if named and toks[i].text == named[0]]
+        if named and named[0] == ";" and cands:
+            return toks[cands[0]].start
+        for i in cands:
+            if parse(text[:toks[i].end] + " ;") == message:
+                return toks[i].start
+        return toks[cands[0]].start if cands else toks[first].start
+    if bare.startswith("invalid token"):
+        for t in toks[first:last + 1]:
+            if (t.kind == "str" and not _CLOSED_STR.fullmatch(t.text)) or \
+                    (t.kind == "op" and t.text not in _CEDAR_OPS):
+                return t.start
+        return toks[first].start
+    return _refine(text, toks, first, last, message, reverse)
+
+
+def _fragments(message: str, reverse: bool) -> list[str]:
+    frags = _FRAGMENT.findall(message)
+    if reverse:
+        frags.reverse()
+    if ": " in message:
+        frags.append(message.rsplit(": ", 1)[1].strip())
+    return [f for f in frags if f]
+
+
+def _refine(text: str, toks: list[Token], lo: int, k: int, message: str, reverse: bool) -> int:
+    attribute = "attribute `" in message
+    if message.startswith("duplicate annotation: "):  # the second one is the duplicate
+        frag = message.split(": ", 1)[1]
+        first = find_fragment(text, toks, frag, lo, k)
+        later = [i for i, t in enumerate(toks) if lo <= i <= k and first is not None and t.start > first]
+        again = find_fragment(text, toks, frag, later[0], k) if later else None
+        if again is not None:
+            return again
+    for frag in _fragments(message, reverse):
+        off = find_fragment(text, toks, frag, lo, k, attribute)
+        if off is not None:
+            return off
+    return toks[lo].start
+
+
 def parse_text(text: str, path: str) -> PolicyFile:
-    """Parse one policy file; raises ``PolicyInvalid`` naming the failing statement's line."""
+    """Parse one policy file; raises ``PolicyInvalid`` naming the offending token's line and column."""
     pf = PolicyFile(path, text)
     stmts = _statements(text)
     try:
         ps = cedarpy.policies_to_pst(text) if stmts else None
     except ValueError as exc:
-        line = 1
-        for ln, st in stmts:
-            try:
-                cedarpy.policies_to_pst(st)
-            except ValueError:
-                line = ln
-                break
-        raise PolicyInvalid([(path, line, "-", f"syntax error: {exc}")]) from exc
+        off = locate(text, str(exc), _parse_error)
+        line, col = line_col(text, off)
+        raise PolicyInvalid([(path, line, "-", f"syntax error: {exc}")], [col]) from exc
     if ps is None:
         return pf
     if ps.templates:
@@ -93,9 +189,10 @@ def parse_text(text: str, path: str) -> PolicyFile:
     pols = list(ps.static_policies.values())
     if len(pols) != len(stmts):
         raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
-    for (ln, st), p in zip(stmts, pols):
+    for (off, st), p in zip(stmts, pols):
+        ln, col = line_col(text, off)
         pid = p.annotations.get("id") or f"{Path(path).name}:{ln}"
-        pf.policies.append(Policy(p, path, ln, pid, st.strip()))
+        pf.policies.append(Policy(p, path, ln, pid, st.strip(), col))
     return pf
 
 
@@ -104,29 +201,97 @@ def load_policy_files(paths: list[Path]) -> list[PolicyFile]:
     return [parse_text(p.read_text(encoding="utf-8"), str(p)) for p in paths]
 
 
-def validate(policies: list[Policy], schema_text: str, what: str = "policy") -> None:
+def _schema_error(schema_text: str) -> str | None:
+    res = cedarpy.validate_policies("", schema_text)
+    for err in res.errors:
+        return re.sub(r"^Schema parse error: ", "", err.error)
+    return None
+
+
+_JSON_POS = re.compile(r"at line (\d+) column (\d+)$")
+_UNRESOLVED = re.compile(r"^failed to resolve types?: (.+)$")
+_TWICE = re.compile(r"^error parsing schema: `([^`]+)` is declared twice$")
+
+
+def _declarations(toks: list[Token], name: str) -> list[int]:
+    """Offsets where ``name`` is declared (``entity N``, ``action "n", m``, ``type N``; a name in the
+    head of a declaration, before ``in``, ``appliesTo``, ``=`` or a body)."""
+    out, head = [], False
+    for i, t in enumerate(toks):
+        if t.text in ("entity", "action", "type") and (i == 0 or toks[i - 1].text in (";", "{", "}", ")")):
+            head = True
+            continue
+        if head and t.text in ("in", "appliesTo", "=", "{", "[", ";", "tags", "enum"):
+            head = False
+        if head and t.text != "," and (t.text == name or (t.kind == "str" and t.text[1:-1] == name)):
+            out.append(t.start)
+    return out
+
+
+def check_schema(schema_text: str, file: str) -> None:
+    """Have Cedar parse the schema (either format); raises ``PolicyInvalid`` at the line and column of
+    the error: the offending token of a syntax error, the first reference to an unresolved type, the
+    declaration a "declared twice" names, serde's position in a JSON schema."""
+    msg = _schema_error(schema_text)
+    if msg is None:
+        return
+    m, u, twice = _JSON_POS.search(msg), _UNRESOLVED.match(msg), _TWICE.match(msg)
+    toks = tokens(schema_text)
+    decl = _declarations(toks, twice.group(1)) if twice else []
+    if m:
+        line, col = int(m.group(1)), int(m.group(2))
+    elif len(decl) >= 2:
+        line, col = line_col(schema_text, decl[1])
+    else:
+        offs: list[int] = []
+        if u:
+            for name in (n.strip() for n in u.group(1).split(",")):
+                o = find_fragment(schema_text, toks, name, 0, len(toks) - 1)
+                if o is not None:
+                    offs.append(o)
+        off = min(offs) if offs else locate(schema_text, msg, _schema_error, reverse=False)
+        line, col = line_col(schema_text, off)
+    raise PolicyInvalid([(file, line, "-", f"schema error: {msg}")], [col])
+
+
+def validate(policies: list[Policy], schema_text: str, what: str = "policy", schema_file: str = "schema") -> None:
     """Validate ``policies`` against the schema (Cedar strict validation,
     https://docs.cedarpolicy.com/policies/validation.html); raises ``PolicyInvalid``
-    listing every error with file and line. Duplicate ``@id`` annotations are errors too."""
+    listing every error with file, line and column (the token the message names, else the policy's
+    first). Duplicate ``@id`` annotations are errors too. A schema Cedar rejects is reported by
+    `check_schema` at its position in ``schema_file``."""
+    check_schema(schema_text, schema_file)
     problems: list[tuple[str, int, str, str]] = []
+    cols: list[int] = []
     seen: dict[str, Policy] = {}
     for p in policies:
         if p.id in seen:
             problems.append((p.file, p.line, p.id, f"duplicate {what} id (first at {seen[p.id].file}:{seen[p.id].line})"))
+            cols.append(p.column)
         seen[p.id] = p
     if policies:
         text = "\n".join(p.text for p in policies)
         try:
             res = cedarpy.validate_policies(text, schema_text)
         except ValueError as exc:
-            raise PolicyInvalid([("schema", 0, "-", f"schema rejected by Cedar: {exc}")]) from exc
+            raise PolicyInvalid([(schema_file, 0, "-", f"schema rejected by Cedar: {exc}")]) from exc
         for err in res.errors:
             m = re.fullmatch(r"policy(\d+)", err.policy_id or "")
             pol = policies[int(m.group(1))] if m and int(m.group(1)) < len(policies) else None
             msg = re.sub(r"^for policy `policy\d+`, ", "", err.error)
-            problems.append((pol.file if pol else "?", pol.line if pol else 0, pol.id if pol else err.policy_id, msg))
+            line, col = (pol.line, pol.column) if pol else (0, 0)
+            if pol is not None:
+                toks = tokens(pol.text)
+                for frag in _fragments(msg, reverse=False):
+                    off = find_fragment(pol.text, toks, frag, 0, len(toks) - 1, "attribute `" in msg)
+                    if off is not None:
+                        dl, dc = line_col(pol.text, off)
+                        line, col = pol.line + dl - 1, (pol.column + dc - 1 if dl == 1 else dc)
+                        break
+            problems.append((pol.file if pol else "?", line, pol.id if pol else err.policy_id, msg))
+            cols.append(col)
     if problems:
-        raise PolicyInvalid(problems)
+        raise PolicyInvalid(problems, cols)
 
 
 @dataclass(frozen=True)

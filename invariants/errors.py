@@ -41,13 +41,15 @@ class PolicyTestFileError(InputError):
 
 
 class PolicyInvalid(PolicyCheckError):
-    """``problems`` is a list of (file, line, policy id, message)."""
+    """``problems`` is a list of (file, line, policy id, message); ``columns`` the 1-based column of
+    each (0: unknown)."""
 
     exit_code = 1
 
-    def __init__(self, problems: list[tuple[str, int, str, str]]) -> None:
+    def __init__(self, problems: list[tuple[str, int, str, str]], columns: list[int] | None = None) -> None:
         super().__init__("; ".join(f"{f}:{ln}: {pid}: {m}" for f, ln, pid, m in problems))
         self.problems = problems
+        self.columns = list(columns or []) + [0] * (len(problems) - len(columns or []))
 
 
 class Unsupported(PolicyCheckError):

@@ -7,7 +7,9 @@ answer is structured JSON, never a scraped tail of text). ``policy-check`` runs 
 `admit(root, extra_invariants, display, timeout_s)` loads the directory (parse, Cedar schema
 validation of policies and invariants), checks every invariant — the baseline shipped in this
 package, the directory's own ``invariants/`` and the pinned extra ones (``invariants.project``) —
-and runs the policy unit tests. The answer is a `GateResult`:
+and runs the policy unit tests; it also says whether the sidecar may decide rows per governance class
+(`invariants.classes`: ``row_classes``, ``row_decisions``), which is no reason to refuse a set. The
+answer is a `GateResult`:
 
 ============================  =====================================================================
 ``status``                    meaning
@@ -40,7 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalog import DEFAULT_TIMEOUT_S, CheckResult, check_invariants
+from .catalog import DEFAULT_TIMEOUT_S, CheckResult, check_invariants, describe
+from .classes import ClassAnalysis, analyse
 from .engine import Policy
 from .errors import InputError, PolicyCheckError, PolicyInvalid, Unsupported
 from .policytests import PolicyTestResult, run_test_files
@@ -65,6 +68,11 @@ class GateResult:
     baseline: int = 0
     tests: int = 0
     seconds: float = 0.0
+    # Governance classes (`invariants.classes`): the resource attributes the sidecar may decide rows by,
+    # sorted, or None when some policy may tell rows apart by more (then one decision per row);
+    # `row_decisions` says which in one line.
+    row_classes: list[str] | None = None
+    row_decisions: str = ""
 
     @property
     def passed(self) -> bool:
@@ -79,7 +87,9 @@ class GateResult:
         try:
             return cls(status=str(doc["status"]), problems=[str(p) for p in doc["problems"]],
                        policies=int(doc["policies"]), invariants=int(doc["invariants"]),
-                       baseline=int(doc["baseline"]), tests=int(doc["tests"]), seconds=float(doc["seconds"]))
+                       baseline=int(doc["baseline"]), tests=int(doc["tests"]), seconds=float(doc["seconds"]),
+                       row_classes=None if doc.get("row_classes") is None else [str(a) for a in doc["row_classes"]],
+                       row_decisions=str(doc.get("row_decisions", "")))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a gate result: {exc}") from exc
 
@@ -132,27 +142,27 @@ def counterexample_line(cex: dict[str, Any]) -> str:
     return out + f' -> Cedar {cedar.get("decision", "?")}'
 
 
-def _where(pid: str, policies: dict[str, Policy]) -> str:
-    p = policies.get(pid)
-    return f"{pid} at {p.file}:{p.line}" if p is not None else pid
-
-
 def failure_line(r: CheckResult, policies: list[Policy]) -> str:
-    """One line for a failed result: status, invariant (file:line), action, the counterexample and the
-    policies that permitted it (or that raised the evaluation error), each with file:line."""
+    """One line for a failed result: status, invariant (file:line), action, the counterexample's English
+    summary (``CheckResult.summary``), the policies to blame — those that permitted it, or that raised the
+    evaluation error — each with file:line, then the counterexample itself in one line."""
     head = f"{r.status} {r.invariant}" + (f" ({r.file}:{r.line})" if r.file else "")
     if r.action != "-":
         head += f" on {r.action}"
     if r.counterexample is None:
         return f"{head}: {r.message}" if r.message else head
-    by_id = {p.id: p for p in policies}
-    cedar = r.counterexample.get("cedar") or r.counterexample.get("new", {}).get("cedar") or {}
-    line = f"{head}: counterexample {counterexample_line(r.counterexample)}"
-    if r.counterexample.get("kind") == "never-errors" and cedar.get("errors"):
-        return line + "; evaluation error in " + ", ".join(_where(p, by_id) for p in cedar["errors"])
-    if cedar.get("reasons"):
-        return line + "; permitted by " + ", ".join(_where(p, by_id) for p in cedar["reasons"])
-    return line + (f"; {r.message}" if r.message else "")
+    if not r.summary:
+        describe(r, policies)
+    line = f"{head}: {r.summary}" if r.summary else head
+    if r.counterexample.get("kind") == "never-errors" and r.blamed:
+        line += "; evaluation error in " + ", ".join(map(str, r.blamed))
+    elif r.blamed:
+        verb = "denied (raised trust) by" if r.counterexample.get("kind") == "monotone" and \
+            r.blamed != r.permitted_by else "permitted by"
+        line += f"; {verb} " + ", ".join(map(str, r.blamed))
+    elif r.message:
+        line += f"; {r.message}"
+    return line + f"; counterexample {counterexample_line(r.counterexample)}"
 
 
 def _test_line(t: PolicyTestResult) -> str:
@@ -181,6 +191,9 @@ def admit(root: Path, extra_invariants: list[Path] | None = None, display: dict[
         return done(GateResult("invalid", [str(exc)]))
     res = GateResult("ok", policies=len(proj.policies), invariants=len(proj.invariants),
                      baseline=len(proj.baseline_ids), tests=len(rep.tests))
+    classes = row_classes(root, proj.schema_text)
+    res.row_classes = sorted(classes.attributes) if classes.sound else None
+    res.row_decisions = classes.describe()
     statuses = {r.status for r in rep.results}
     res.problems = [failure_line(r, proj.policies) for r in rep.results if r.status in _VIOLATION | _UNPROVED]
     res.problems += [_test_line(t) for t in rep.tests if not t.passed]
@@ -191,6 +204,13 @@ def admit(root: Path, extra_invariants: list[Path] | None = None, display: dict[
     elif statuses & _UNPROVED:
         res.status = "unproved"
     return done(res)
+
+
+def row_classes(root: Path, schema_text: str) -> ClassAnalysis:
+    """`invariants.classes.analyse` on the ``*.cedar`` files of `root`, joined as the sidecar's engine
+    loads them (`sidecar.policy.PolicyEngine.load`)."""
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(Path(root).glob("*.cedar")))
+    return analyse(text, schema_text)
 
 
 def main(argv: list[str] | None = None) -> int:

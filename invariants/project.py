@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .catalog import Invariant, load_invariants
-from .engine import Policy, PolicyFile, parse_text, validate
+from .engine import Policy, PolicyFile, check_schema, parse_text, validate
 from .errors import InputError, PolicyInvalid, SchemaSyntaxError
 from .schema import Schema, parse_schema
 
@@ -137,12 +137,13 @@ def load_project(root: Path, extra_invariants: list[Path] | None = None, schema_
     if not sp.is_file():
         raise InputError(f"{_label(sp, shown)}: no such schema file")
     text = sp.read_text(encoding="utf-8")
+    check_schema(text, _label(sp, shown))  # Cedar's verdict first, at the error's line and column
     try:
         schema = parse_schema(text)
     except SchemaSyntaxError as exc:
         raise SchemaSyntaxError(str(exc).split(": ", 1)[-1], exc.line, _label(sp, shown)) from exc
     policies = [p for f in _parse(sorted(root.glob("*.cedar")), shown) for p in f.policies]
-    validate(policies, text)
+    validate(policies, text, schema_file=_label(sp, shown))
     invs: list[Invariant] = []
     baseline: list[Policy] = []
     if with_invariants:
@@ -151,7 +152,7 @@ def load_project(root: Path, extra_invariants: list[Path] | None = None, schema_
         own = [p for f in _parse(_cedar_files([own_dir]) if own_dir.is_dir() else [], shown) for p in f.policies]
         pinned = [p for f in _parse(_cedar_files(list(extra_invariants or [])), shown) for p in f.policies]
         inv_pols = _union([baseline, own, pinned])
-        validate(inv_pols, text, what="invariant")
+        validate(inv_pols, text, what="invariant", schema_file=_label(sp, shown))
         try:
             invs = load_invariants(inv_pols)
         except ValueError as exc:

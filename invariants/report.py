@@ -19,7 +19,7 @@ from rich.table import Table
 from .catalog import CheckResult
 from .policytests import PolicyTestResult
 
-__all__ = ["Report", "exit_code", "render"]
+__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log"]
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
@@ -61,38 +61,79 @@ def _json(rep: Report) -> dict[str, Any]:
         "summary": rep.summary(),
         "results": [{"invariant": r.invariant, "action": r.action, "status": r.status,
                      "solver_seconds": round(r.seconds, 4), "message": r.message,
-                     "file": r.file, "line": r.line,
+                     "file": r.file, "line": r.line, "summary": r.summary,
+                     "permitted_by": [x.to_json() for x in r.permitted_by],
+                     "blamed": [x.to_json() for x in r.blamed],
                      "counterexample_file": rep.saved.get((r.invariant, r.action)),
                      "counterexample": r.counterexample} for r in rep.results],
         "tests": [asdict(t) for t in rep.tests],
     }
 
 
+def _loc(file: str, line: int, column: int = 0, message: str = "") -> dict[str, Any]:
+    region: dict[str, Any] = {"startLine": max(line, 1)}
+    if column > 0:
+        region["startColumn"] = column
+    loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": _uri(file)}, "region": region}}
+    if message:
+        loc["message"] = {"text": message}
+    return loc
+
+
+def _uri(path: str) -> str:
+    """A SARIF artifact URI (RFC 3986 URI reference) for a file path as policy-check names it."""
+    from urllib.parse import quote
+
+    return quote(path.replace("\\", "/"), safe="/:@-._~!$&'()*+,;=")
+
+
+def _sarif_result(r: CheckResult) -> dict[str, Any]:
+    level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
+    text = f"{r.status} on action {r.action}: " + (r.summary or r.message)
+    if r.summary and r.blamed:
+        text += " (" + ("evaluation error in " if (r.counterexample or {}).get("kind") == "never-errors"
+                        else "permitted by ") + ", ".join(map(str, r.blamed)) + ")"
+    res: dict[str, Any] = {"ruleId": r.invariant, "level": level, "message": {"text": text.strip()},
+                           "properties": {"action": r.action, "status": r.status}}
+    where = [b for b in r.blamed if b.file]
+    inv_loc = _loc(r.file, r.line, 0, f"invariant {r.invariant}") if r.file else None
+    if where:
+        # The policy that permitted the counterexample is where a reviewer fixes it; the invariant it
+        # breaks is related.
+        res["locations"] = [_loc(b.file, b.line, b.column, f"policy {b.id}") for b in where[:1]]
+        related = [_loc(b.file, b.line, b.column, f"policy {b.id}") for b in where[1:]]
+        if inv_loc is not None:
+            related.insert(0, inv_loc)
+        if related:
+            res["relatedLocations"] = [dict(x, id=i) for i, x in enumerate(related)]
+    elif inv_loc is not None:
+        res["locations"] = [inv_loc]
+    if r.summary:
+        res["properties"]["summary"] = r.summary
+    if r.counterexample:
+        res["properties"]["counterexample"] = r.counterexample
+    return res
+
+
+def sarif_log(results: list[dict[str, Any]], rules: list[str]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log (OASIS SARIF v2.1.0 §3.13) with one run of policy-check; columns count Unicode
+    code points (``columnKind``)."""
+    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+            "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
+                                          "rules": [{"id": r} for r in rules]}},
+                      "columnKind": "unicodeCodePoints",
+                      "results": results}]}
+
+
 def _sarif(rep: Report) -> dict[str, Any]:
     rules = sorted({r.invariant for r in rep.results})
-    results = []
-    for r in rep.results:
-        if r.status in ("PROVED", "UNCHANGED"):
-            continue
-        level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
-        res: dict[str, Any] = {"ruleId": r.invariant, "level": level,
-                               "message": {"text": f"{r.status} on action {r.action}: {r.message}".strip()},
-                               "properties": {"action": r.action, "status": r.status}}
-        if r.file:
-            res["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": r.file},
-                                                      "region": {"startLine": max(r.line, 1)}}}]
-        if r.counterexample:
-            res["properties"]["counterexample"] = r.counterexample
-        results.append(res)
+    results = [_sarif_result(r) for r in rep.results if r.status not in ("PROVED", "UNCHANGED")]
     for t in rep.tests:
         if not t.passed:
             results.append({"ruleId": "policy-test", "level": "error",
                             "message": {"text": f"{t.name}: {t.message}"},
-                            "locations": [{"physicalLocation": {"artifactLocation": {"uri": t.file}}}]})
-    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
-            "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
-                                          "rules": [{"id": r} for r in rules + ["policy-test"]]}},
-                      "results": results}]}
+                            "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(t.file)}}}]})
+    return sarif_log(results, rules + ["policy-test"])
 
 
 def _junit(rep: Report) -> str:
@@ -103,7 +144,7 @@ def _junit(rep: Report) -> str:
     for r in rep.results:
         case = ET.SubElement(inv, "testcase", classname=r.invariant, name=r.action, time=f"{r.seconds:.4f}")
         if r.status in FAIL | {"DISAGREE"}:
-            f = ET.SubElement(case, "failure", message=f"{r.status}: {r.message}", type=r.status)
+            f = ET.SubElement(case, "failure", message=f"{r.status}: {r.summary or r.message}", type=r.status)
             f.text = json.dumps(r.counterexample, indent=1) if r.counterexample else r.message
         elif r.status == "UNKNOWN":
             ET.SubElement(case, "error", message=f"UNKNOWN: {r.message}", type="UNKNOWN")
@@ -129,6 +170,11 @@ def _text(rep: Report, console: Console) -> None:
         if r.counterexample is None or r.status in ("PROVED", "UNCHANGED"):
             continue
         console.rule(f"[{STYLE.get(r.status, '')}]{r.status}[/] {r.invariant} / {r.action}")
+        if r.summary:
+            console.print(r.summary, highlight=False, markup=False)
+        if r.blamed:
+            console.print(("evaluation error in " if r.counterexample.get("kind") == "never-errors" else "permitted by ")
+                          + ", ".join(map(str, r.blamed)), highlight=False, markup=False)
         if r.status == "DISAGREE":
             console.print("Z3 model says:", json.dumps(r.counterexample.get("model") or r.counterexample.get("new")))
             console.print("Cedar says:   ", json.dumps(r.counterexample.get("cedar") or r.counterexample.get("old")))
@@ -145,6 +191,66 @@ def _text(rep: Report, console: Console) -> None:
             console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
     s = rep.summary()
     console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A check that could not run: an input that does not parse or validate (``rule`` ``policy-invalid``,
+    ``schema-invalid``), a construct the translator does not model (``unknown``) or bad input
+    (``input-error``). ``line``/``column`` are 1-based, 0 when unknown."""
+
+    rule: str
+    message: str
+    file: str = ""
+    line: int = 0
+    column: int = 0
+    policy: str = "-"
+
+    def where(self) -> str:
+        if not self.file:
+            return ""
+        return f"{self.file}:{self.line}" + (f":{self.column}" if self.column else "") + ": "
+
+
+def render_problems(problems: list[Problem], code: int, fmt: str, console: Console, target: str = "") -> None:
+    """Write problems that stopped the check in ``fmt``: never an empty document — SARIF has one result
+    per problem at its file:line:column, JUnit one failing (or, exit 3, erroring) test case, JSON an
+    ``invalid`` list with ``exit_code``; text goes to stderr."""
+    level = "warning" if code == 3 else "error"
+    if fmt == "json":
+        console.file.write(json.dumps({"tool": "policy-check", "version": 1, "target": target, "exit_code": code,
+                                       "invalid": [{"rule": p.rule, "file": p.file, "line": p.line, "column": p.column,
+                                                    "policy": p.policy, "message": p.message} for p in problems]},
+                                      indent=2) + "\n")
+    elif fmt == "sarif":
+        results = []
+        for p in problems:
+            res: dict[str, Any] = {"ruleId": p.rule, "level": level, "message": {"text": p.message},
+                                   "properties": {"policy": p.policy, "exit_code": code}}
+            if p.file:
+                res["locations"] = [_loc(p.file, p.line, p.column)]
+            results.append(res)
+        console.file.write(json.dumps(sarif_log(results, sorted({p.rule for p in problems})), indent=2) + "\n")
+    elif fmt == "junit":
+        suites = ET.Element("testsuites", name="policy-check")
+        tag = "error" if code == 3 else "failure"
+        suite = ET.SubElement(suites, "testsuite", name="load", tests=str(len(problems)),
+                              failures=str(len(problems) if tag == "failure" else 0),
+                              errors=str(len(problems) if tag == "error" else 0), skipped="0")
+        for p in problems:
+            case = ET.SubElement(suite, "testcase", classname=p.rule, name=f"{p.where()}{p.policy}".strip() or p.rule)
+            if p.file:
+                case.set("file", p.file)
+                case.set("line", str(p.line))
+            f = ET.SubElement(case, tag, message=p.message, type=p.rule)
+            f.text = f"{p.where()}{p.message}"
+        console.file.write(ET.tostring(suites, encoding="unicode") + "\n")
+    else:
+        err = Console(stderr=True)
+        word = {"unknown": "UNKNOWN", "input-error": "error"}.get(problems[0].rule if problems else "", "invalid")
+        for p in problems:
+            err.print(f"{p.where()}[red]{word}[/] {p.policy}: {p.message}" if p.policy != "-" else
+                      f"{p.where()}[red]{word}[/]: {p.message}", markup=True, highlight=False)
 
 
 def render(rep: Report, fmt: str, console: Console) -> None:

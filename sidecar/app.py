@@ -60,6 +60,7 @@ class Services:
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,
             token=settings.backend_token, transport=transport,
+            max_response_bytes=settings.backend_max_response_bytes,
         )
         instrument_upstream(self.upstream, self.metrics)
         self.authz = Authorizer(self.policy, self.ledger)

@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, demo, probe, stack.
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, demo, probe, bench, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -94,6 +94,7 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
         f"  backend   {settings.backend} {settings.backend_url}",
         f"  policies  {settings.policies_dir} sha256 {services.policy.digest} — {gate.policies} policies; "
         f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
+        f"  rows      decided {gate.row_decisions or 'per row'}",
         f"  ledger    {ledger}",
         f"  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
         f"  mode      {mode}",
@@ -407,6 +408,65 @@ def probe_report(run_dir: Path = typer.Argument(..., help="a run directory with 
         raise typer.Exit(2)
     write_report(run_dir)
     print_table(run_dir, console)
+
+
+bench = typer.Typer(help="public benchmarks replayed through memwarden", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+
+@bench.command("gatemem")
+def bench_gatemem(
+    data: Path = typer.Option(..., help="a checkout of GateMem's bench/data (one directory per domain)"),
+    domains: str = typer.Option("medical,office,education,household", help="comma-separated"),
+    k: str = typer.Option("5,10,20", help="top-k values, comma-separated"),
+    backend: str = typer.Option("chroma", help="chroma (mem0: not implemented yet)"),
+    jobs: int = typer.Option(2, min=1, help="episodes replayed at once"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default runs/gatemem-<UTC time>)"),
+    episodes: Optional[int] = typer.Option(None, min=1, help="only the first N episodes of each domain"),
+) -> None:
+    """Replay GateMem turn by turn into Chroma alone, through memwarden with ingest-time labels, and through
+    memwarden with labels from the hidden annotations (upper bound); score every checkpoint at the retrieval
+    layer and write records.jsonl, summary.md/json and plots."""
+    import datetime as dt
+    import shlex
+    import sys
+
+    from sidecar.bench.gatemem import report
+    from sidecar.bench.gatemem.data import DOMAINS, GateMemFormatError
+    from sidecar.bench.gatemem.runner import Config, run
+
+    names = tuple(d.strip() for d in domains.split(",") if d.strip())
+    unknown = [d for d in names if d not in DOMAINS]
+    if unknown or not names:
+        console.print(f"[red]unknown domain(s) {unknown}; choose from {', '.join(DOMAINS)}[/red]")
+        raise typer.Exit(2)
+    try:
+        ks = tuple(sorted({int(x) for x in k.split(",") if x.strip()}))
+    except ValueError:
+        ks = ()
+    if not ks or ks[0] < 1:
+        console.print("[red]--k must be positive integers, comma-separated[/red]")
+        raise typer.Exit(2)
+    if backend != "chroma":
+        console.print(f"[red]--backend {backend}: only chroma is implemented[/red]")
+        raise typer.Exit(2)
+    missing = [d for d in names if not (data / d / "episodes.jsonl").exists() or not (data / d / "checkpoints.jsonl").exists()]
+    if missing:
+        console.print(f"[red]{data} has no episodes.jsonl/checkpoints.jsonl for {', '.join(missing)}[/red]")
+        raise typer.Exit(2)
+    run_dir = out or Path("runs") / f"gatemem-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    cfg = Config(data_dir=data, out_dir=run_dir, domains=names, ks=ks, jobs=jobs, episodes=episodes,
+                 cause_k=10 if 10 in ks else ks[len(ks) // 2], backend=backend)
+    command = "memwarden " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:  # the run directory is rewritten after each domain, so a long run leaves results as it goes
+        results, timings, wall = run(cfg, progress=lambda s: console.print(s, highlight=False),
+                                     on_domain=lambda done, t, w: report.write(cfg, done, t, w, command + "  (partial)"))
+    except GateMemFormatError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    md = report.write(cfg, results, timings, wall, command)
+    typer.echo(md.read_text(encoding="utf-8"))
+    typer.echo(f"run directory: {run_dir}")
 
 
 @app.command()

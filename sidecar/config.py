@@ -46,6 +46,8 @@ class Settings(BaseSettings):
         description="header carrying backend_token; default Authorization (Bearer) for chroma, X-API-Key for mem0")
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
+    backend_max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes (larger: 502)")
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
     ledger_url: str | None = Field(
         default=None, pattern=r"^postgres(ql)?://",
@@ -84,10 +86,11 @@ class Settings(BaseSettings):
     )
     reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
     failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
-    query_plan: Literal["pushdown", "postfilter-first"] = Field(
-        default="pushdown",
-        description="query: always AND the visibility filter (pushdown), or first try one unfiltered "
-        "over-fetch and refill under the pushdown only when it holds fewer than n_results readable rows",
+    query_plan: Literal["auto", "pushdown", "postfilter-first"] = Field(
+        default="auto",
+        description="query: choose per request from the ledger's statistics and the last over-fetches (auto), "
+        "always AND the visibility filter (pushdown), or always first try one unfiltered over-fetch and refill "
+        "under the pushdown only when it holds fewer than n_results readable rows (postfilter-first)",
     )
     overfetch_factor: int = Field(default=2, ge=1, description="query over-fetch multiple of n_results")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")

@@ -1,4 +1,4 @@
-"""The governance model of DESIGN.md §2 as Python values, and its mapping to Cedar entities.
+"""The governance model of docs/design.md §2 as Python values, and its mapping to Cedar entities.
 
 Entity ids are tenant-qualified (see policies/memwarden.cedarschema):
 ``Tenant::"t"``, ``Fleet::"t/f"``, ``Agent::"t/f/a"``, ``TenantAdmin::"t/admin/<key id>"``,
@@ -136,7 +136,7 @@ class Row:
     predicate: str | None = None
     object: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    # Provenance and supersession (DESIGN.md §4). `derived_from` holds (collection, row id) parents;
+    # Provenance and supersession (docs/design.md §4). `derived_from` holds (collection, row id) parents;
     # `single_valued` marks a triple whose predicate is declared single-valued (policies/single_valued.txt).
     source: str = ""
     derived_from: tuple[tuple[str, str], ...] = ()
@@ -178,7 +178,7 @@ class Row:
 
 
 def fact_partition(row: "Row") -> str:
-    """The visibility partition of a row (DESIGN.md §4, README "Supersession"): single-valued facts are
+    """The visibility partition of a row (docs/design.md §4, README "Supersession"): single-valued facts are
     single-valued within one (tenant, collection, partition). Chosen so that every principal that may
     write a row into a partition may read every fact in it (default policies): ``agent:<owner>`` (only the
     owner writes and reads it), ``fleet:<tenant>/<fleet>`` (written by the fleet at trust >= 1 or by
@@ -193,8 +193,10 @@ def fact_partition(row: "Row") -> str:
     return f"restricted:{row.owner}|{','.join(sorted(row.readers))}"
 
 
-def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets and owners.
+def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[str, Any]],
+                 extra_rows: list[Row] | None = None) -> list[dict[str, Any]]:
+    """Entity store for a batch of row decisions: principal (+ancestors), rows, their fleets, their owners
+    and the owners' fleets, and the same for `extra_rows` except their own entities.
 
     `owners` maps agent id → Cedar entity (from the ledger's agent table); an owner the ledger does
     not know is left out (an attribute access on it errors, so a permit needing it is skipped).
@@ -208,10 +210,21 @@ def row_entities(principal: Principal, rows: list[Row], owners: dict[str, dict[s
             seen.add(key)
             entities.append(entity)
 
-    for row in rows:
-        add(row.entity())
-        add(fleet_entity(row.tenant, row.fleet))
+    def add_owner(row: Row) -> None:
         owner = owners.get(row.owner)
         if owner is not None:
             add(owner)
+            # the owner's fleet too: every entity a row's attributes reach is in the store (or, for an
+            # owner the ledger does not know, absent whatever the batch), so a row's decision does not
+            # depend on which other rows share the batch (`Authorizer.decide_rows` relies on it)
+            tenant, _, fleet = str(owner["attrs"]["fleet"]["__entity"]["id"]).partition("/")
+            add(fleet_entity(tenant, fleet))
+
+    for row in rows:
+        add(row.entity())
+        add(fleet_entity(row.tenant, row.fleet))
+        add_owner(row)
+    for row in extra_rows or []:
+        add(fleet_entity(row.tenant, row.fleet))
+        add_owner(row)
     return entities

@@ -1,4 +1,4 @@
-"""``GET /_memwarden/memories/{id}/lineage`` — the provenance chain of one memory (DESIGN.md §4).
+"""``GET /_memwarden/memories/{id}/lineage`` — the provenance chain of one memory (docs/design.md §4).
 
 Served by the pipeline after canonicalisation and authentication, like every backend route, for
 every backend profile. Query parameters:

@@ -1,4 +1,4 @@
-"""The request pipeline of DESIGN.md §1 and its fail-closed outer guard.
+"""The request pipeline of docs/design.md §1 and its fail-closed outer guard.
 
     canonicalize → authenticate → route (``/_memwarden/memories/{id}/lineage``: `sidecar.lineage`) → [profile: authorize → rewrite → forward → filter] → record
 

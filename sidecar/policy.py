@@ -70,6 +70,11 @@ class PolicyEngine:
     def __init__(self, policies_text: str, schema_text: str, policy_files: list[Path], schema_file: Path,
                  names: list[str] | None = None) -> None:
         self._memo: dict[str, Decision] = {}
+        # Governance classes (`invariants.classes`): the resource attributes a row's class key holds, set
+        # from the admission gate's analysis; None = one decision per row. `class_memo` keeps class
+        # decisions of this policy set (`sidecar.stages.authorize.Authorizer.decide_rows`).
+        self.row_classes: frozenset[str] | None = None
+        self.class_memo: dict[Any, Decision] = {}
         self.policies_text = policies_text
         self.schema_text = schema_text
         self.policy_files = policy_files

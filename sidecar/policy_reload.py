@@ -161,6 +161,8 @@ def admit(directory: Path, invariants_dir: Path | None = None, timeout_s: float 
             engine = PolicyEngine.load(snapshot, display=directory)
         except PolicyLoadError as exc:
             raise PolicyRefused("invalid", [str(exc).replace(str(snapshot), str(directory))], directory) from exc
+    # Rows are decided per governance class only when the gate proved no policy tells them apart.
+    engine.row_classes = frozenset(gate.row_classes) if gate.row_classes is not None else None
     return PolicySet(engine, digest, time.time(), gate, source)
 
 

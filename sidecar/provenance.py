@@ -1,4 +1,4 @@
-"""Provenance, supersession and deletion closure shared by every backend profile (DESIGN.md §4).
+"""Provenance, supersession and deletion closure shared by every backend profile (docs/design.md §4).
 
 Pure helpers:
 

@@ -38,7 +38,7 @@ def match_routes(table: list[tuple[str, tuple[str, ...], str]], method: str, seg
 
 class Profile(Protocol):
     name: str
-    prov: Provenance  # the provenance rules (DESIGN.md §4) bound to this backend
+    prov: Provenance  # the provenance rules (docs/design.md §4) bound to this backend
 
     def match(self, method: str, segments: list[str]) -> Route | None: ...
 

@@ -32,6 +32,7 @@ from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, 
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
+from sidecar.planner import QueryPlanner
 from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
@@ -105,7 +106,7 @@ def check_client_where(where: Any, name: str = "where") -> None:
 def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
     """The caller's visibility filter in Chroma's ``where`` language (pushdown).
 
-    ``mode="scope"`` is the reference predicate of DESIGN.md §3 (`auth`): it admits every row the
+    ``mode="scope"`` is the reference predicate of docs/design.md §3 (`auth`): it admits every row the
     default policies permit, and policy-check's Inv-Scope proof (permit ⇒ auth) makes it sound for a
     policy set. ``mode="tenant"`` admits the whole tenant (for policy sets wider than `auth`).
     Admins always get the tenant filter. Cedar still decides every returned row.
@@ -254,6 +255,8 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
+                                    lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
@@ -579,7 +582,7 @@ class ChromaProfile:
         new_ids = [i for i in ids if i not in known]
         if new_ids:
             present = await self.upstream.call("POST", self._data_segments(rec, "get"),
-                                               json_body={"ids": new_ids, "include": []})
+                                               json_body={"ids": new_ids, "include": []}, idempotent=True)
             if isinstance(present, dict) and present.get("ids"):
                 raise Conflict("ids exist in the backend but are not governed by memwarden")
 
@@ -728,7 +731,7 @@ class ChromaProfile:
                                    "limit": page, "offset": backend_offset}
             if include is not None:
                 req["include"] = include
-            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req)
+            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
@@ -797,19 +800,30 @@ class ChromaProfile:
         k = _nonneg_int(body.get("n_results"), "n_results", 10) or 0
         ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
         client_where = body.get("where")
-        where = self._where(ex, client_where)
+        mode = self.authz.pushdown(self.settings.pushdown)
+        where = self._where(ex, client_where, mode)
         pending = list(range(len(embeddings)))
         final: dict[int, list[dict[str, Any]]] = {}
         included: Any = None
-        n_fetch = max(k * self.settings.overfetch_factor, 1)
-        # "postfilter-first": one unfiltered over-fetch first; if it already holds k readable rows they are
-        # the true top k (no readable row can rank above a fetched one). Otherwise refill with pushdown.
-        first_where = client_where if self.settings.query_plan == "postfilter-first" else where
-        keep = self._keep(ex, rec)
+        # The plan (`sidecar.planner`): an unfiltered over-fetch first — if it holds k readable rows they are
+        # the true top k (no readable row can rank above a fetched one) — or the pushdown from the start.
+        # A short over-fetch is refilled under the pushdown, starting again at k × OVERFETCH_FACTOR.
+        plan = self.planner.plan(self._p(ex), rec.collection_id, k, wide=mode == "tenant")
+        n_fetch = plan.n_fetch
+        first_where = client_where if plan.unfiltered else where
+        readable_of = self._keep(ex, rec)
+        tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
+
+        def keep(batch: list[str]) -> set[str]:
+            allowed = readable_of(batch)
+            tally[0] += len(batch)
+            tally[1] += len(allowed)
+            return allowed
+
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
-            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req)
+            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req, idempotent=True)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending) \
                     or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
@@ -828,7 +842,9 @@ class ChromaProfile:
                     still.append(i)
             pending = still
             if first_where is not where:
+                self.planner.observe(self._p(ex), rec.collection_id, tally[0], tally[1])
                 first_where = where  # refill under the pushdown, starting again at the first size
+                n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
         out: dict[str, Any] = {}
@@ -949,7 +965,8 @@ class ChromaProfile:
                 rec = self.ledger.get_collection(BACKEND, collection_id)
                 if rec is None:
                     continue
-                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []})
+                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},
+                                                    idempotent=True)
                 back = present.get("ids") if isinstance(present, dict) else None
                 if back:
                     structlog.get_logger("memwarden.reconciler").warning(

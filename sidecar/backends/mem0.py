@@ -21,7 +21,7 @@ requested, ``mw_derived_from`` and the triple ``mw_subject/mw_predicate/mw_objec
 ``mw_scope``, ``mw_fleet``, ``mw_readers`` (``"fleet/agent,..."``), ``mw_derived_from`` (parent memory ids)
 and the triple, and nothing else under ``mw_``; the ledger stays the authority.
 
-Provenance, supersession and deletion closure (DESIGN.md §4) follow `sidecar.provenance`, as on Chroma:
+Provenance, supersession and deletion closure (docs/design.md §4) follow `sidecar.provenance`, as on Chroma:
 parents must be readable; a single-valued triple supersedes the active fact (needs ``update`` on it);
 superseded memories are hidden unless ``?include_superseded=true`` or ``?as_of=<UTC µs>``; a memory's
 text is remembered as a keyed HMAC, and deleted text the writer could read may not come back (409);
@@ -225,11 +225,12 @@ class Mem0Profile:
                        if k.kind == "agent" and k.fleet and k.agent})
 
     async def _call(self, method: str, segments: list[str], *, json_body: Any = None,
-                    params: dict[str, str] | None = None) -> Any:
+                    params: dict[str, str] | None = None, idempotent: bool = False) -> Any:
         """One Mem0 call. Mem0's 4xx come back as `BackendClientError` with its status and a sanitised
-        message (Mem0's own text is not echoed: it may quote stored content)."""
+        message (Mem0's own text is not echoed: it may quote stored content). `idempotent`: a read-only
+        POST (search), which the transport may re-send on a fresh connection (`Upstream.call`)."""
         try:
-            return await self.upstream.call(method, segments, json_body=json_body, params=params)
+            return await self.upstream.call(method, segments, json_body=json_body, params=params, idempotent=idempotent)
         except BackendClientError as exc:
             raise BackendClientError(exc.status, f"Mem0 rejected the request ({exc.status})") from exc
 
@@ -720,7 +721,7 @@ class Mem0Profile:
 
     def _search_filters(self, p: Principal, f: Filter) -> dict[str, Any]:
         """Mem0 ``filters``: the client's conditions AND the caller's visibility (tenant always; the scope
-        predicate of DESIGN.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
+        predicate of docs/design.md §3 as ``OR`` when pushdown=scope — never in shadow mode — and the client
         used no ``OR``)."""
         out: dict[str, Any] = dict(f.identity_eq)
         if not any(k in out for k in IDENTITY):
@@ -758,7 +759,8 @@ class Mem0Profile:
         fetch = max(k * self.settings.overfetch_factor, 1)
         decided: dict[str, bool] = {}
         while True:
-            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch}))
+            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch},
+                                                                  idempotent=True))
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:

@@ -1,6 +1,6 @@
 """PostgreSQL ledger (scale-out): one database shared by every sidecar replica.
 
-Same protocol, schema and semantics as `SQLiteLedger` (DESIGN.md §4):
+Same protocol, schema and semantics as `SQLiteLedger` (docs/design.md §5):
 
 - every public method is one transaction on a pooled connection (psycopg 3 + psycopg_pool);
 - every write commits before it returns, with ``synchronous_commit=on`` forced per connection,
@@ -495,6 +495,14 @@ class PostgresLedger:
                 "UPDATE tombstones SET backend_deleted_at = %s WHERE backend = %s AND collection_id = %s AND row_id = ANY(%s)",
                 (now_us(), backend, collection_id, list(row_ids)),
             )
+
+    def visibility_counts(self, backend: str, collection_id: str) -> list[tuple[str, str, str, tuple[str, ...], str, int]]:
+        """Rows of a collection per (scope, fleet, owner, readers, status): the query planner's statistics."""
+        with self._conn() as db:
+            rows = db.execute(
+                "SELECT scope, fleet, owner, readers, status, COUNT(*) AS n FROM rows WHERE backend = %s AND collection_id = %s "
+                "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
+        return [(r["scope"], r["fleet"], r["owner"], tuple(json.loads(r["readers"])), r["status"], int(r["n"])) for r in rows]
 
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""

@@ -525,6 +525,14 @@ class SQLiteLedger:
                     f"AND row_id IN ({','.join('?' * len(chunk))})", (t, backend, collection_id, *chunk),
                 )
 
+    def visibility_counts(self, backend: str, collection_id: str) -> list[tuple[str, str, str, tuple[str, ...], str, int]]:
+        """Rows of a collection per (scope, fleet, owner, readers, status): the query planner's statistics."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT scope, fleet, owner, readers, status, COUNT(*) FROM rows WHERE backend = ? AND collection_id = ? "
+                "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
+        return [(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5])) for r in rows]
+
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
         with self._lock:

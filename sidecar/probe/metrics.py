@@ -3,7 +3,7 @@
 Event kinds (one JSON object per line):
 
 - ``probe``: one governance probe — ``experiment, target, path, principal, row, expected`` ("allow" or
-  "deny" under the reference scope predicate of DESIGN.md §3), ``observed`` ("allow" when the row
+  "deny" under the reference scope predicate of docs/design.md §3), ``observed`` ("allow" when the row
   or its content came back, else "deny"), ``status`` (HTTP status), ``latency_ms``.
 - ``latency``: one timed operation — ``experiment, target, op, ms``.
 - ``not_supported``: ``experiment, target, path, reason``.

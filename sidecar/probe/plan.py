@@ -55,7 +55,7 @@ class Plan:
 
 
 def expected_read(reader: Agent, tenant: str, fleet: str, owner: str, scope: str, deleted: bool = False) -> bool:
-    """The reference predicate `auth` of DESIGN.md §3 (what governance should allow)."""
+    """The reference predicate `auth` of docs/design.md §3 (what governance should allow)."""
     if reader.tenant != tenant or deleted:
         return False
     if scope == "agent":

@@ -72,7 +72,7 @@ def write_report(run_dir: Path) -> str:
         md += [f"backend {backend} (direct = {backend} alone, sidecar = {backend} through memwarden), seed {meta.get('seed')}, "
                f"nonce {meta.get('nonce')}, plan {meta.get('plan')}, experiments {', '.join(meta.get('experiments', []))}", ""]
     md += ["Leak = observed allow over expected-deny probes; miss = observed deny over expected-allow probes;",
-           "95% Wilson intervals. Expectations are the reference scope predicate of DESIGN.md §3.", "",
+           "95% Wilson intervals. Expectations are the reference scope predicate of docs/design.md §3.", "",
            "| experiment | path | leak (direct) | leak (sidecar) | miss (direct) | miss (sidecar) |", "|---|---|---|---|---|---|"]
     md += [f"| {' | '.join(r)} |" for r in side_by_side(paths)]
     md += ["", "Rates by experiment: " + "; ".join(f"{k}: leak = {a}, miss = {b}" for k, (a, b) in RATE_LABEL.items()), ""]

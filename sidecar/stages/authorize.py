@@ -10,6 +10,7 @@ the exchange for the decision log (counts, reasons, evaluation errors, shadow wo
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
@@ -78,7 +79,10 @@ class Authorizer:
         """Ask the PDP under the exchange's policy set and record every answer on `ex`."""
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
-        decisions = self.policy.decide(requests, entities, ex.policy_set)
+        return self._record(ex, requests, self.policy.decide(requests, entities, ex.policy_set))
+
+    def _record(self, ex: Exchange, requests: list[CedarRequest], decisions: list[Decision]) -> list[Decision]:
+        """Record the answers to `requests` on `ex` (policies, errors, denials, shadow would-denies)."""
         errors = 0
         for r, d in zip(requests, decisions):
             ex.policies.update(d.policies)
@@ -116,13 +120,17 @@ class Authorizer:
         uid = resource["uid"]
         return [CedarRequest(p.uid, action, (uid["type"], uid["id"]))], p.entities() + [resource] + list(extra or [])
 
-    def row_batch(self, p: Principal, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None
+    def row_batch(self, p: Principal, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None,
+                  owners: dict[str, dict[str, Any]] | None = None, extra_rows: list[Row] | None = None
                   ) -> tuple[list[CedarRequest], list[dict[str, Any]]]:
         """The Cedar requests (one per row, in order) and the shared entity store of a row decision: the
         principal with its ancestors, the rows, their fleets, their owners as the ledger knows them, and
-        every fleet a context names (a redistribute's target) with its tenant."""
-        owners = self.ledger.agent_entities({r.owner for r in rows})
-        entities = row_entities(p, rows, owners)
+        every fleet a context names (a redistribute's target) with its tenant. `owners`: the owners'
+        entities if already looked up; `extra_rows`: rows whose fleets and owners join the store (the
+        other members of the rows' governance classes, `decide_rows`)."""
+        if owners is None:
+            owners = self.ledger.agent_entities({r.owner for r in rows})
+        entities = row_entities(p, rows, owners, extra_rows)
         # Fleets named in a context (redistribute's target_fleet) with their tenant, so that policies
         # can test ``context.target_fleet in principal.tenant``; fleet ids are tenant-qualified.
         known = {(e["uid"]["type"], e["uid"]["id"]) for e in entities}
@@ -148,11 +156,46 @@ class Authorizer:
         ex.decision = "allow"
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
-        """One batched decision of `action` per row (in order). `contexts` per row, optional."""
+        """One decision of `action` per row (in order). `contexts` per row, optional.
+
+        Without contexts, and when the gate found the policy set decides rows by governance class
+        (`invariants.classes`: no policy tells apart rows that agree on the attributes it reads and on
+        their ancestors), rows are grouped by class key and Cedar is asked once per class not already
+        known — one batched call — with the same entity store a per-row batch would have, less the other
+        rows of each class (which no expression can reach: the schema has no ``Memory``-typed attribute).
+        Answers without evaluation errors or shadow would-denies are kept per (principal, action, class)
+        on the policy set's engine, so a reload drops them. Otherwise: one batched call, one request per row."""
         assert ex.principal is not None
         if not rows:
             return []
-        return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
+        if ex.policy_set is None:
+            ex.policy_set = self.policy.current
+        engine = ex.policy_set.engine
+        attrs = getattr(engine, "row_classes", None)
+        if contexts is not None or attrs is None:
+            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
+        p = ex.principal
+        owners = self.ledger.agent_entities({r.owner for r in rows})
+        owner_keys = {uid: json.dumps(e, sort_keys=True) for uid, e in owners.items()} if "owner" in attrs else {}
+        head = (p.kind, p.uid, p.trust, p.roles, action)
+        keys = [(head, class_key(row, attrs, owner_keys)) for row in rows]
+        memo: dict[Any, Decision] = engine.class_memo
+        known = {k: memo[k] for k in dict.fromkeys(keys) if k in memo}
+        wanted: dict[Any, Row] = {}
+        for k, row in zip(keys, rows):
+            if k not in known and k not in wanted:
+                wanted[k] = row
+        if wanted:
+            reps = list(wanted.values())
+            requests, entities = self.row_batch(p, action, reps, None, owners, extra_rows=rows)
+            for k, d in zip(wanted, self.policy.decide(requests, entities, ex.policy_set)):
+                known[k] = d
+                if not d.errors and not d.would_deny:
+                    if len(memo) >= CLASS_MEMO_SIZE:
+                        memo.clear()
+                    memo[k] = d
+        decisions = [known[k] for k in keys]
+        return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
@@ -192,6 +235,26 @@ class Authorizer:
             ex.rows_hidden_superseded += sum(1 for i in withheld if i in known and known[i].status == "superseded")
             ex.rows_hidden_deleted += sum(1 for i in withheld if i in known and known[i].status != "superseded")
         return allowed
+
+
+CLASS_MEMO_SIZE = 65536  # class decisions kept per policy set (cleared when full)
+
+
+def class_key(row: Row, attrs: frozenset[str], owner_keys: dict[str, str]) -> tuple[Any, ...]:
+    """A row's governance class under a policy set that reads `attrs` of the resource: the values of
+    those attributes in the row's Cedar entity (absent ones as a marker), its ancestors (fleet and
+    tenant) and, when ``owner`` is read, the owner's entity data (`owner_keys`: agent id → JSON)."""
+    entity = row.entity()["attrs"]
+    values: list[Any] = [row.tenant, row.fleet]
+    for name in sorted(attrs):
+        value = entity.get(name, _ABSENT)
+        values.append(value if isinstance(value, (str, int, bool)) else json.dumps(value, sort_keys=True))
+    if "owner" in attrs:
+        values.append(owner_keys.get(row.owner))
+    return tuple(values)
+
+
+_ABSENT = "\x00absent"
 
 
 def servable(row: Row, include_superseded: bool = False, as_of: int | None = None) -> bool:

@@ -2,7 +2,14 @@
 
 Client headers are never forwarded: every backend request carries only the sidecar's own headers
 (content type and, if configured, the backend credential). Timeouts → `UpstreamTimeout` (504);
-connection errors, 5xx and non-JSON bodies → `UpstreamError` (502); backend 4xx → `BackendClientError`.
+connection errors, 5xx, non-JSON bodies and answers over the size cap → `UpstreamError` (502);
+backend 4xx → `BackendClientError`.
+
+The client is an `httpx.AsyncClient` on `sidecar.stages.http1.Http1Transport` (pooled HTTP/1.1 with
+httptools; unit tests pass an `httpx.MockTransport`). Backend bodies are encoded and decoded with
+orjson; a backend answer orjson refuses (Python's ``NaN``, integers beyond 64 bits) is decoded again by
+the standard library, so such a value only drops the row it is in (`sidecar.stages.authorize.well_formed_rows`)
+as before. Client bodies are parsed by the strict parser of `sidecar.stages.canonicalize`, never here.
 """
 
 from __future__ import annotations
@@ -13,8 +20,31 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from sidecar.errors import BackendClientError, UpstreamError, UpstreamTimeout
+from sidecar.stages.http1 import Http1Transport, ResponseTooLarge
+
+IDEMPOTENT = {"memwarden.idempotent": True}
+
+
+def encode(value: Any) -> bytes:
+    """JSON bytes of `value` (orjson; the standard library for what orjson refuses, e.g. integers
+    beyond 64 bits). orjson writes a non-finite float as ``null``; none reaches here, since client
+    bodies are parsed strictly (non-finite numbers are 400) and the sidecar adds none."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(content: bytes) -> Any:
+    """The JSON value of a backend body (orjson; the standard library for what orjson refuses).
+    Raises ValueError or RecursionError when it is not JSON."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return json.loads(content)
 
 
 class Upstream:
@@ -22,7 +52,8 @@ class Upstream:
 
     def __init__(self, base_url: str, *, timeout_s: float, max_connections: int,
                  auth_header: str | None = None, token: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 max_response_bytes: int = 64 * 1024 * 1024) -> None:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             headers[auth_header or "Authorization"] = f"Bearer {token}" if (auth_header or "Authorization").lower() == "authorization" else token
@@ -35,7 +66,8 @@ class Upstream:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                                 keepalive_expiry=2.0),
             headers=headers,
-            transport=transport,
+            transport=transport or Http1Transport(max_connections=max_connections, keepalive_expiry=2.0,
+                                                  max_response_bytes=max_response_bytes),
             follow_redirects=False,
             trust_env=False,
         )
@@ -45,19 +77,24 @@ class Upstream:
         await self._client.aclose()
 
     async def call(self, method: str, segments: list[str], *, json_body: Any = None,
-                   params: dict[str, str] | None = None) -> Any:
+                   params: dict[str, str] | None = None, idempotent: bool = False) -> Any:
         """Send one request; `segments` are re-encoded (RFC 3986 unreserved kept) into the path.
+        `idempotent`: the request changes nothing in the backend (a read-only POST), so the transport
+        may send it again on a fresh connection when a pooled one turns out closed by the backend.
 
         Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `UpstreamError` or
         `BackendClientError` (status and the backend's error text).
         """
         path = "/" + "/".join(quote(s, safe="") for s in segments)
-        content = None if json_body is None else json.dumps(json_body, separators=(",", ":"), allow_nan=False).encode()
+        content = None if json_body is None else encode(json_body)
         started = time.perf_counter_ns()
         try:
-            response = await self._client.request(method, path, content=content, params=params)
+            response = await self._client.request(method, path, content=content, params=params,
+                                                  extensions=IDEMPOTENT if idempotent else None)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("backend timed out") from exc
+        except ResponseTooLarge as exc:
+            raise UpstreamError(f"backend answer too large: {exc}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError("backend unreachable") from exc
         finally:
@@ -65,7 +102,7 @@ class Upstream:
         if response.status_code >= 500:
             raise UpstreamError(f"backend answered {response.status_code}")
         try:
-            payload = response.json() if response.content else None
+            payload = decode(response.content) if response.content else None
         except (ValueError, RecursionError) as exc:
             raise UpstreamError("backend answered a non-JSON body") from exc
         if 400 <= response.status_code < 500:

@@ -138,6 +138,15 @@ def tenant_pushdown_stack(stack: Stack) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+def pushdown_stack(stack: Stack) -> Iterator[Stack]:
+    """A sidecar whose query plan always ANDs the visibility filter into the backend query (the default
+    ``auto`` plan chooses per request, `sidecar.planner`)."""
+    sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_QUERY_PLAN": "pushdown"})
+    yield Stack(stack.chroma, sidecar, stack.ledger_path)
+    sidecar.stop()
+
+
+@pytest.fixture(scope="session")
 def postfilter_stack(stack: Stack) -> Iterator[Stack]:
     """A sidecar whose query plan tries one unfiltered over-fetch before refilling under the pushdown."""
     sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_QUERY_PLAN": "postfilter-first"})

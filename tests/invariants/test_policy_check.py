@@ -159,7 +159,9 @@ def test_exit_1_on_invalid_policy_with_file_and_line(tmp_path: Path) -> None:
                                     'when { principal.nope == 1 };\n')
     code, rep = run_json(str(d))
     assert code == 1
-    assert rep["invalid"][0]["file"].endswith("zz-bad.cedar") and rep["invalid"][0]["line"] == 3
+    # the line and column of the attribute Cedar names, not the policy's first line
+    assert rep["invalid"][0]["file"].endswith("zz-bad.cedar")
+    assert (rep["invalid"][0]["line"], rep["invalid"][0]["column"]) == (5, 18)
     (d / "zz-bad.cedar").write_text('permit (principal, action, resource);\n\npermit (principal, action resource);\n')
     code, out = run(str(d))
     assert code == 1 and "zz-bad.cedar:3" in out.replace("\n", "")

@@ -1,5 +1,5 @@
 """A Hypothesis state machine over memwarden's provenance layer, through the real sidecar in front of a
-real backend (DESIGN.md §2 and §4; README "Provenance, supersession and deletion closure").
+real backend (docs/design.md §2 and §4; README "Provenance, supersession and deletion closure").
 
 Rules, by a fixed cast of principals (tenant with fleets red/blue: a1, a2 (red, trust 1), b1 (blue,
 trust 1), boss (blue, trust 3), r0 (red, trust 0); the tenant admin key; an agent of another tenant):

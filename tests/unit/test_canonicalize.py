@@ -1,4 +1,4 @@
-"""Canonicalisation: one decode, and rejection of every ambiguous form (DESIGN.md §1 stage 1)."""
+"""Canonicalisation: one decode, and rejection of every ambiguous form (docs/design.md §1 stage 1)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,259 @@
+"""A minimal pooled HTTP/1.1 transport for httpx (`httpx.AsyncBaseTransport`), for the one backend origin.
+
+The forward stage keeps httpx's client API (`httpx.AsyncClient`: URL building, headers, `Timeout`,
+`Response`) and replaces its default transport (httpcore + h11), whose per-request cost dominated the
+sidecar's own work on small requests. Responses are parsed with httptools (the llhttp parser uvicorn
+uses). What it does, and the httpx exceptions it raises (mapped to 502/504 by `sidecar.stages.forward`):
+
+- **Pool**: at most `max_connections` connections to the origin (waiting longer than the ``pool``
+  timeout for one raises `httpx.PoolTimeout`); idle connections are reused last-in first-out and
+  closed after `keepalive_expiry` seconds idle, or at once when the backend closed them (EOF seen) or
+  answered ``Connection: close`` / HTTP/1.0 without keep-alive.
+- **Timeouts** (the request's ``timeout`` extension, as httpx sets it): ``connect`` for opening a
+  connection (`httpx.ConnectTimeout`), ``write`` for sending the request (`httpx.WriteTimeout`),
+  ``read`` for each read of the response (`httpx.ReadTimeout`). Connection failures raise
+  `httpx.ConnectError`, `httpx.WriteError` or `httpx.ReadError`; a response that is not HTTP/1.1
+  `httpx.RemoteProtocolError`.
+- **Size cap**: a response body over `max_response_bytes` raises `ResponseTooLarge` (the connection
+  is closed; nothing of the body is returned).
+- **Connections the backend closed**: a reused keep-alive connection that fails before any byte of
+  the response arrives (the backend closed it while it sat in the pool) is retried once on a new
+  connection — only for an idempotent request: methods GET, HEAD, OPTIONS, TRACE, PUT, DELETE
+  (RFC 9110 §9.2.2) or a request whose ``memwarden.idempotent`` extension is True (the caller vouches
+  that it changes nothing, e.g. Chroma's read-only ``get``/``query`` POSTs). A non-idempotent request is
+  never re-sent: it fails with `httpx.RemoteProtocolError` (502), as it may have reached the backend.
+- No TLS, no proxies, no HTTP/2, no upgrades, no ``Expect: 100-continue``: the backend is an origin
+  on a private address (``http://``). Request bodies are sent with ``Content-Length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+import httpx
+import httptools
+
+IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_READ_CHUNK = 256 * 1024
+
+
+class ResponseTooLarge(httpx.TransportError):
+    """The backend's response body is over the transport's `max_response_bytes`."""
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any byte of the response: the backend had closed it."""
+
+
+class _Parsed:
+    """httptools callbacks collecting one response."""
+
+    __slots__ = ("parser", "headers", "body", "size", "cap", "headers_done", "complete", "too_large", "keep_alive")
+
+    def __init__(self, cap: int) -> None:
+        self.parser: Any = None
+        self.keep_alive = False
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.size = 0
+        self.cap = cap
+        self.headers_done = False
+        self.complete = False
+        self.too_large = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.cap:
+            self.too_large = True
+        else:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp resets it once the message is done
+
+
+class _Connection:
+    __slots__ = ("reader", "writer", "idle_since", "used")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
+        self.used = False
+
+    def alive(self, now: float, expiry: float) -> bool:
+        return (now - self.idle_since < expiry and not self.reader.at_eof()
+                and not self.writer.is_closing() and not self.reader._buffer)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:
+            pass
+
+
+class Http1Transport(httpx.AsyncBaseTransport):
+    """Pooled HTTP/1.1 to one ``http://host:port`` origin. `max_connections` ≥ 1, `keepalive_expiry`
+    seconds, `max_response_bytes` bytes."""
+
+    def __init__(self, *, max_connections: int = 64, keepalive_expiry: float = 2.0,
+                 max_response_bytes: int = 64 * 1024 * 1024) -> None:
+        self._max = max_connections
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: deque[_Connection] = deque()
+        self._slots = asyncio.Semaphore(max_connections)
+        self._expiry = keepalive_expiry
+        self._cap = max_response_bytes
+        self._closed = False
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"only http:// backends are supported, not {request.url.scheme}://", request=request)
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        body = await request.aread()
+        head = self._head(request, len(body))
+        retryable = request.method.encode() in IDEMPOTENT_METHODS or request.extensions.get("memwarden.idempotent") is True
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections and the semaphore belong to one event loop
+            for conn in self._idle:
+                conn.close()
+            self._idle.clear()
+            self._slots = asyncio.Semaphore(self._max)
+            self._loop = loop
+        try:
+            async with asyncio.timeout(timeouts.get("pool")):
+                await self._slots.acquire()
+        except TimeoutError as exc:
+            raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+        try:
+            for attempt in (0, 1):
+                conn = await self._connection(request, timeouts.get("connect"))
+                try:
+                    response, keep = await self._exchange(request, conn, head, body, timeouts)
+                except _StaleConnection as exc:
+                    conn.close()
+                    if retryable and attempt == 0:
+                        continue
+                    raise httpx.RemoteProtocolError("the backend closed the connection before answering",
+                                                    request=request) from exc
+                except BaseException:
+                    conn.close()
+                    raise
+                if keep and not self._closed:
+                    conn.idle_since = time.monotonic()
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+                return response
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self._slots.release()
+
+    @staticmethod
+    def _head(request: httpx.Request, length: int) -> bytes:
+        target = request.url.raw_path
+        lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        has_length = False
+        for name, value in request.headers.raw:
+            lower = name.lower()
+            if lower in (b"transfer-encoding", b"connection", b"keep-alive", b"expect", b"upgrade"):
+                continue
+            if lower == b"content-length":
+                has_length = True
+                value = str(length).encode()
+            lines += [name, b": ", value, b"\r\n"]
+        if not has_length and (length or request.method not in ("GET", "HEAD", "DELETE", "OPTIONS")):
+            lines.append(b"Content-Length: %d\r\n" % length)
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    async def _connection(self, request: httpx.Request, timeout: float | None) -> _Connection:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.alive(now, self._expiry):
+                return conn
+            conn.close()
+        host = request.url.host
+        port = request.url.port or 80
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port, limit=_READ_CHUNK)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout("backend connect timed out", request=request) from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"backend connect failed: {exc.strerror or exc}", request=request) from exc
+        return _Connection(reader, writer)
+
+    async def _exchange(self, request: httpx.Request, conn: _Connection, head: bytes, body: bytes,
+                        timeouts: dict[str, float | None]) -> tuple[httpx.Response, bool]:
+        reused, conn.used = conn.used, True
+        try:
+            conn.writer.write(head + body if len(body) < 65536 else head)
+            if len(body) >= 65536:
+                conn.writer.write(body)
+            async with asyncio.timeout(timeouts.get("write")):
+                await conn.writer.drain()
+        except TimeoutError as exc:
+            raise httpx.WriteTimeout("backend write timed out", request=request) from exc
+        except OSError as exc:
+            if reused:
+                raise _StaleConnection() from exc
+            raise httpx.WriteError(f"backend write failed: {exc}", request=request) from exc
+        parsed = _Parsed(self._cap)
+        parser = parsed.parser = httptools.HttpResponseParser(parsed)
+        received = 0
+        read_timeout = timeouts.get("read")
+        head_only = request.method == "HEAD"
+        while not parsed.complete and not (head_only and parsed.headers_done):
+            try:
+                async with asyncio.timeout(read_timeout):
+                    data = await conn.reader.read(_READ_CHUNK)
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout("backend read timed out", request=request) from exc
+            except OSError as exc:
+                if reused and received == 0:
+                    raise _StaleConnection() from exc
+                raise httpx.ReadError(f"backend read failed: {exc}", request=request) from exc
+            if not data:
+                if reused and received == 0:
+                    raise _StaleConnection()
+                if parsed.headers_done and not _framed(parsed.headers):
+                    break  # body delimited by the end of the connection (RFC 9112 §6.3, rule 8)
+                raise httpx.RemoteProtocolError("the backend closed the connection mid-response", request=request)
+            received += len(data)
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                raise httpx.RemoteProtocolError("the backend asked for a protocol upgrade", request=request) from exc
+            except httptools.HttpParserError as exc:
+                raise httpx.RemoteProtocolError(f"the backend's answer is not HTTP/1.1: {exc}", request=request) from exc
+            if parsed.too_large:
+                raise ResponseTooLarge(f"backend answer over {self._cap} bytes", request=request)
+        keep = parsed.complete and parsed.keep_alive and not conn.reader._buffer  # type: ignore[attr-defined]
+        response = httpx.Response(parser.get_status_code(), headers=parsed.headers, content=b"".join(parsed.body),
+                                  request=request, extensions={"http_version": b"HTTP/1.1"})
+        return response, keep and _framed(parsed.headers)
+
+
+def _framed(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the body length is known from the headers (Content-Length or chunked)."""
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
+            return True
+    return False
+
