@@ -26,7 +26,7 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 RULES = typer.Option(..., "--rules", exists=True, dir_okay=False, help="the rules file (TOML; see README 'Adopt')")
-DRY_RUN = typer.Option(False, "--dry-run", help="print what would be assigned; write nothing to the ledger or backend")
+DRY_RUN = typer.Option(False, "--dry-run", help="print what would be assigned; register nothing in the ledger, write nothing to the backend")
 BACKEND_URL = typer.Option(None, help="backend base URL (else MEMWARDEN_BACKEND_URL)")
 LEDGER = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_URL / MEMWARDEN_LEDGER_PATH)")
 REPORT = typer.Option(None, help="write the whole report (every uncovered row) to this JSON file")
