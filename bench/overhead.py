@@ -99,6 +99,13 @@ class Phase:
         self.args, self.ledger_kind, self.root = args, ledger, root
         self.pg_db: str | None = None
         self.servers: list[Server] = []
+        try:
+            self._start(args, ledger, root)
+        except BaseException:  # a failed start-up leaves nothing running
+            self.stop()
+            raise
+
+    def _start(self, args: argparse.Namespace, ledger: str, root: Path) -> None:
         self.chroma = start_chroma(root / "chroma")
         self.servers.append(self.chroma)
         if ledger == "postgres":
@@ -135,7 +142,10 @@ class Phase:
             http.post("/api/v2/tenants", json={"name": "bench"}).raise_for_status()
             http.post("/api/v2/tenants/bench/databases", json={"name": "benchdb"}).raise_for_status()
             for pct in args.readable:
-                cid = http.post("/api/v2/tenants/bench/databases/benchdb/collections", json={"name": f"r{pct}"}).json()["id"]
+                r = http.post("/api/v2/tenants/bench/databases/benchdb/collections", json={"name": f"readable-{pct}"})
+                if r.status_code != 200:
+                    raise RuntimeError(f"create collection: {r.status_code} {r.text[:300]}")
+                cid = r.json()["id"]
                 self.collections[pct] = (cid, [])
         for pct, (cid, readable) in self.collections.items():
             base = f"/api/v2/tenants/bench/databases/benchdb/collections/{cid}/add"

@@ -3,6 +3,8 @@
     policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit]
                      [--counterexamples DIR] [--timeout SECONDS]
     policy-check --compare OLD NEW [--format ...]
+    policy-check explain DIR [--format text|json] [--action A]...   (the access matrix, invariants.matrix)
+    policy-check explain --compare OLD NEW [--format text|json]
     policy-check --version
 
 The baseline invariants shipped in this package are always checked, with DIR's own
@@ -30,7 +32,7 @@ from .gate import evaluate
 from .project import load_project
 from .report import Problem, Report, exit_code, render, render_problems
 
-__all__ = ["app", "main"]
+__all__ = ["app", "explain_app", "main"]
 
 app = typer.Typer(add_completion=False, help="Prove invariants of a Cedar policy set with Z3 and replay "
                                              "counterexamples through Cedar.")
@@ -128,6 +130,67 @@ def run(
     raise typer.Exit(exit_code(rep))
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+explain_app = typer.Typer(add_completion=False, help="The access matrix of a policy set, proved with Z3.")
+
+
+@explain_app.command()
+def explain(
+    directory: Optional[Path] = typer.Argument(None, help="Policy directory (schema and *.cedar)."),
+    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW",
+                                                        help="Show the classes whose access changed from OLD to NEW."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format: text or json."),
+    schema: Optional[Path] = typer.Option(None, "--schema", help="Schema file (default: the one in DIR)."),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.1, help="Solver timeout per query, seconds."),
+    action: list[str] = typer.Option([], "--action", "-a", help="Only these actions (repeatable)."),
+) -> None:
+    """For each action, the classes of requests the policy set permits (or, with --compare, those whose
+    access changed). Exit: 0 done (compare: nothing widened) · 1 compare: some class widened · 2 usage
+    or input error · 3 unknown cells · 4 a witness's Cedar replay contradicts its proof."""
+    from .explain import diff_json, dumps, matrix_json, render_diff, render_matrix
+    from .matrix import MatrixDisagreement, build_matrix, diff_matrices
+
+    console = Console(soft_wrap=False) if fmt == Format.text else Console(file=sys.stdout, soft_wrap=True)
+    if fmt == Format.text and not console.is_terminal:
+        console.width = max(console.width, 200)  # the tables are wide; a pipe or CI log does not wrap them
+    if (directory is None) == (compare is None):
+        raise typer.BadParameter("give either DIR or --compare OLD NEW")
+    if fmt not in (Format.text, Format.json):
+        raise typer.BadParameter("explain writes text or json")
+    try:
+        if compare is not None:
+            old = load_project(compare[0], with_invariants=False, schema_path=schema)
+            new = load_project(compare[1], with_invariants=False, schema_path=schema)
+            from .engine import validate
+            validate(old.policies, new.schema_text)  # both read against NEW's schema
+            diff = diff_matrices(new.schema, new.schema_text, old.policies, new.policies, timeout, action or None)
+            target = f"{compare[0]} -> {compare[1]}"
+            if fmt == Format.json:
+                console.file.write(dumps(diff_json(diff, target)))
+            else:
+                render_diff(diff, target, console)
+            raise typer.Exit(1 if diff.widened else 3 if diff.unknown else 0)
+        assert directory is not None
+        proj = load_project(directory, with_invariants=False, schema_path=schema)
+        mx = build_matrix(proj.schema, proj.schema_text, proj.policies, timeout, action or None)
+    except MatrixDisagreement as exc:
+        Console(stderr=True).print(f"DISAGREE: {exc}\n{json.dumps(exc.witness)}", highlight=False, markup=False)
+        raise typer.Exit(4) from None
+    except PolicyCheckError as exc:
+        problems, code = _problems(exc)
+        render_problems(problems, code, fmt.value, console, str(directory or compare))
+        raise typer.Exit(code) from None
+    if fmt == Format.json:
+        console.file.write(dumps(matrix_json(mx, str(directory))))
+    else:
+        render_matrix(mx, str(directory), console)
+    raise typer.Exit(3 if any(c.verdict == "unknown" for c in mx.cells) else 0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: ``policy-check explain ...`` runs `explain_app`, anything else `app`
+    (so ``policy-check DIR`` keeps working; a directory named ``explain`` is ``./explain``)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["explain"]:
+        explain_app(args=args[1:], prog_name="policy-check explain")
+    else:
+        app(args=args, prog_name="policy-check")

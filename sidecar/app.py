@@ -30,6 +30,7 @@ from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
 from sidecar.ledger import Ledger, ledger_from_settings
+from sidecar.ledger.cache import CachingLedger
 from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
 from sidecar.pipeline import Pipeline
@@ -55,7 +56,12 @@ class Services:
         raw_ledger = ledger or ledger_from_settings(settings)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
-        self.ledger: Ledger = InstrumentedLedger(raw_ledger, self.metrics)
+        instrumented = InstrumentedLedger(raw_ledger, self.metrics)
+        # Keys, collections and agents from memory while nothing changed (`sidecar.ledger.cache`); keys
+        # are never cached on PostgreSQL, where a notification from another replica may be in flight.
+        self.ledger: Ledger = CachingLedger(instrumented, raw_ledger.cache_version, settings.ledger_cache_ttl_s,
+                                            cache_keys=not settings.ledger_url) \
+            if hasattr(raw_ledger, "cache_version") and settings.ledger_cache_ttl_s > 0 else instrumented
         self.upstream = Upstream(
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,

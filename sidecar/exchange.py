@@ -51,6 +51,9 @@ class Exchange:
     would_deny_reasons: dict[str, int] = field(default_factory=dict)
     would_deny_row_ids: list[str] = field(default_factory=list)
     row_ids: list[str] = field(default_factory=list)
+    # Ledger rows read for this request's read decisions, by (backend, collection, row id): reused by the
+    # same request's provenance links (one ledger read per row per request; never kept across requests).
+    ledger_rows: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     stripped_headers: list[str] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started_ns: int = field(default_factory=time.perf_counter_ns)

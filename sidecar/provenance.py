@@ -349,7 +349,11 @@ class Provenance:
         are never shown. Rows without a readable link are absent."""
         if not row_ids:
             return {}
-        rows = self.ledger.get_rows(self.backend, collection, row_ids)
+        seen = ex.ledger_rows
+        if all((self.backend, collection, i) in seen for i in row_ids):  # read for this request's decision
+            rows = {i: seen[(self.backend, collection, i)] for i in row_ids}
+        else:
+            rows = self.ledger.get_rows(self.backend, collection, row_ids)
         targets = [pair[1] for lr in rows.values() for pair in (lr.supersedes, lr.superseded_by)
                    if pair is not None and pair[0] == collection]
         visible = (self.authz.readable(ex, self.backend, collection, targets, include_superseded=True, count=False)

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import select
+import threading
 from typing import Any, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -138,6 +139,10 @@ class PostgresLedger:
         if not _SCHEMA_NAME.match(schema):
             raise ValueError(f"ledger schema {schema!r} must be a lower-case SQL identifier")
         self.schema = schema
+        self._url = url
+        self._timeout_s = timeout_s
+        self.channel = f"memwarden_{schema}"  # LISTEN/NOTIFY channel of cache invalidations
+        self._listener: _Listener | None = None
         self._pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, check=_check_idle,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
@@ -200,7 +205,25 @@ class PostgresLedger:
         return dict(self._pool.get_stats())
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
         self._pool.close()
+
+    # -- cache invalidation (sidecar.ledger.cache) ------------------------------------------
+    def _notify(self, db: psycopg.Connection[dict[str, Any]], what: str) -> None:
+        """Tell every replica's caches (`cache_version`) that keys, agents or collections changed; sent
+        by PostgreSQL when the surrounding transaction commits."""
+        db.execute("SELECT pg_notify(%s, %s)", (self.channel, what))
+
+    def cache_version(self) -> int | None:
+        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: the number of notifications
+        received on `channel` (and of reconnections of the listening connection), or None — cache
+        nothing — while that connection is down or a notification is waiting to be read. Starts the
+        listening thread on first use."""
+        if self._listener is None:
+            self._listener = _Listener(self._url, self.channel, self._timeout_s)
+            self._listener.start()
+        return self._listener.version()
 
     # -- keys and agents --------------------------------------------------------------------
     def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
@@ -229,6 +252,7 @@ class PostgresLedger:
                     "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust",
                     (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust),
                 )
+            self._notify(db, "keys")
         return record, f"mwk_{key_id}.{secret}"
 
     def authenticate(self, plaintext: str) -> Principal | None:
@@ -264,6 +288,7 @@ class PostgresLedger:
         """Revoke a key; True if it existed and was active. Committed before return."""
         with self._tx() as db:
             cur = db.execute("UPDATE api_keys SET revoked_at = %s WHERE key_id = %s AND revoked_at IS NULL", (now_us(), key_id))
+            self._notify(db, "keys")
             return cur.rowcount == 1
 
     def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
@@ -283,6 +308,7 @@ class PostgresLedger:
                 "VALUES (%s,%s,%s,%s,%s,%s,%s)",
                 (record.backend, record.collection_id, record.tenant, record.database, record.name, record.created_by, record.created_at),
             )
+            self._notify(db, "collections")
 
     def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
         with self._conn() as db:
@@ -308,6 +334,7 @@ class PostgresLedger:
         """Mark the collection deleted and tombstone all its rows (durable), in one transaction."""
         t = now_us()
         with self._tx() as db:
+            self._notify(db, "collections")
             db.execute("UPDATE collections SET deleted_at = %s WHERE backend = %s AND collection_id = %s", (t, backend, collection_id))
             db.execute(
                 "INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id, backend_deleted_at) "
@@ -444,6 +471,7 @@ class PostgresLedger:
     def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
         """As `SQLiteLedger.reset`, in one transaction."""
         with self._tx() as db:
+            self._notify(db, "collections")
             return _reset(db, "%s", backend, collection_id, by, request_id, now_us())
 
     def reset_done(self, backend: str, collection_id: str | None) -> None:
@@ -512,3 +540,46 @@ class PostgresLedger:
                 "ORDER BY deleted_at, collection_id, row_id", (backend,)
             ).fetchall()
         return [(r["collection_id"], r["row_id"]) for r in rows]
+
+
+class _Listener(threading.Thread):
+    """A daemon thread holding one connection that LISTENs on the ledger's invalidation channel; counts
+    notifications (and reconnections) into `version`, which is None while the connection is down."""
+
+    def __init__(self, url: str, channel: str, timeout_s: float) -> None:
+        super().__init__(name=f"memwarden-ledger-listen-{channel}", daemon=True)
+        self._url, self._channel, self._timeout_s = url, channel, timeout_s
+        self._count = 0
+        self._fd: int | None = None
+        self._stopped = threading.Event()
+
+    def version(self) -> int | None:
+        fd = self._fd
+        if fd is None:
+            return None
+        try:
+            if select.select([fd], [], [], 0)[0]:  # a notification (or EOF) not yet read: no cache now
+                return None
+        except (OSError, ValueError):
+            return None
+        return self._count
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=max(1, int(self._timeout_s))) as conn:
+                    conn.execute(f'LISTEN "{self._channel}"')  # type: ignore[arg-type]
+                    self._count += 1  # whatever happened while we were not listening
+                    self._fd = conn.fileno()
+                    while not self._stopped.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self._count += 1
+                        conn.execute("SELECT 1")  # a dead connection raises here
+            except Exception:
+                pass
+            finally:
+                self._fd = None
+            self._stopped.wait(1.0)

@@ -175,6 +175,7 @@ class SQLiteLedger:
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._writes = 0  # write transactions committed through this connection (`cache_version`)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -195,6 +196,7 @@ class SQLiteLedger:
                 raise
             else:
                 self._db.execute("COMMIT")
+                self._writes += 1
 
     def migrate(self) -> int:
         """Apply pending migrations; returns the schema version now in force."""
@@ -207,6 +209,13 @@ class SQLiteLedger:
                         db.execute(statement)
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
             return len(MIGRATIONS)
+
+    def cache_version(self) -> tuple[int, int]:
+        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: ``PRAGMA data_version``
+        (changed by every commit of another connection to this file, from any process) and the number of
+        write transactions committed through this one."""
+        with self._lock:
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0]), self._writes
 
     def ping(self) -> bool:
         with self._lock:

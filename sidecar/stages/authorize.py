@@ -215,6 +215,8 @@ class Authorizer:
         if not row_ids:
             return {}
         known = self.ledger.get_rows(backend, collection_id, row_ids)
+        if count:
+            ex.ledger_rows.update(((backend, collection_id, i), r) for i, r in known.items())
         unique = list(dict.fromkeys(row_ids))
         candidates = [known[i] for i in unique if i in known and servable(known[i], include_superseded, as_of)]
         decisions = self.decide_rows(ex, "read", candidates)

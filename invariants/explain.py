@@ -1,0 +1,239 @@
+"""``policy-check explain``: the access matrix (``invariants.matrix``) as tables a reviewer reads, and
+its diff between two policy sets.
+
+One table per action (actions with identical tables share one): rows are classes of principals (kind,
+trust, relation to the row: tenant, owner, fleet), columns classes of resources and context (scope,
+status, reader, target fleet, resource type); a cell is ✓ (permitted for every request of the class),
+✗ (denied for every request), ~ (depends on something outside the dimensions: a witness of each side
+in ``--format json``), ∅ (no such request) or ? (unknown). Rows and columns that differ in one
+dimension and hold the same verdicts are merged, so "trust 2, ≥3" or "any scope" stand for all the
+classes they merge; a dimension that does not apply to a row (a tenant admin has no trust) is blank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .matrix import COL_ORDER, DIMS, KIND, ROW_ORDER, SYMBOL, Cell, Change, Matrix, MatrixDiff
+
+__all__ = ["Grid", "grids", "render_matrix", "render_diff", "matrix_json", "diff_json"]
+
+NA = "—"
+LIMIT = 12  # witness lines printed by render_diff
+STYLE = {"✓": "green", "✗": "red", "~": "yellow", "∅": "dim", "?": "magenta"}
+_VALUES: dict[str, list[str]] = {}
+for _d in DIMS:
+    _VALUES.setdefault(_d.name, [])
+    _VALUES[_d.name] += [v for v, _ in _d.values if v not in _VALUES[_d.name]]
+
+
+@dataclass
+class Grid:
+    """A merged table: ``rows``/``cols`` are labels (dimension → set of values), ``cells[r][c]`` symbols."""
+
+    actions: list[str]
+    rows: list[dict[str, frozenset[str]]]
+    cols: list[dict[str, frozenset[str]]]
+    cells: list[list[str]]
+
+    def signature(self) -> tuple[Any, ...]:
+        return (tuple(tuple(sorted((k, tuple(sorted(v))) for k, v in r.items())) for r in self.rows),
+                tuple(tuple(sorted((k, tuple(sorted(v))) for k, v in c.items())) for c in self.cols),
+                tuple(tuple(r) for r in self.cells))
+
+
+def _row_of(c: Cell | Change) -> dict[str, str]:
+    out = {"principal": KIND.get(c.principal, c.principal)}
+    for d in ROW_ORDER[1:]:
+        out[d] = c.coords.get(d, NA)
+    return out
+
+
+def _merge(labels: list[dict[str, frozenset[str]]], vectors: list[tuple[str, ...]], order: tuple[str, ...]
+           ) -> tuple[list[dict[str, frozenset[str]]], list[tuple[str, ...]]]:
+    """Merge items whose vectors are equal and whose labels differ in exactly one dimension (union of
+    that dimension's values), dimension by dimension in ``order``, until nothing merges."""
+    items = [(dict(lab), vec) for lab, vec in zip(labels, vectors)]
+    changed = True
+    while changed:
+        changed = False
+        for dim in order:
+            i = 0
+            while i < len(items):
+                j = i + 1
+                while j < len(items):
+                    (a, va), (b, vb) = items[i], items[j]
+                    if va == vb and all(a[k] == b[k] for k in a if k != dim) and a[dim] != b[dim]:
+                        a[dim] = a[dim] | b[dim]
+                        del items[j]
+                        changed = True
+                    else:
+                        j += 1
+                i += 1
+    return [lab for lab, _ in items], [vec for _, vec in items]
+
+
+def _grid(action: str, cells: list[Any], symbol: Any) -> Grid:
+    rtypes = sorted({c.resource for c in cells})
+    cdims = [d for d in COL_ORDER[1:] if any(d in c.coords for c in cells)]
+    col_values = [rtypes] + [[v for v in _VALUES[d] if any(c.coords.get(d) == v for c in cells)] for d in cdims]
+    cols = [dict(zip(("resource", *cdims), combo)) for combo in product(*col_values)]
+    rows: list[dict[str, str]] = []
+    for c in cells:
+        r = _row_of(c)
+        if r not in rows:
+            rows.append(r)
+    index: dict[tuple[Any, ...], list[Any]] = {}
+    for c in cells:
+        index.setdefault(tuple(_row_of(c).items()), []).append(c)
+
+    def at(r: dict[str, str], col: dict[str, str]) -> str:
+        for c in index.get(tuple(r.items()), []):
+            if c.resource == col["resource"] and all(c.coords.get(d, v) == v for d, v in col.items() if d != "resource"):
+                return str(symbol(c))
+        return ""
+
+    table = [[at(r, col) for col in cols] for r in rows]
+    # drop columns no row reaches (e.g. a resource type's cells under another's dimensions)
+    keep = [j for j in range(len(cols)) if any(table[i][j] for i in range(len(rows)))]
+    cols = [cols[j] for j in keep]
+    table = [[row[j] for j in keep] for row in table]
+    clabels = [{k: frozenset([v]) for k, v in col.items()} for col in cols]
+    cvecs = [tuple(table[i][j] for i in range(len(rows))) for j in range(len(cols))]
+    clabels, cvecs = _merge(clabels, cvecs, ("reader", "target", "status", "scope", "resource"))
+    table = [[cv[i] for cv in cvecs] for i in range(len(rows))]
+    rlabels = [{k: frozenset([v]) for k, v in r.items()} for r in rows]
+    rlabels, rvecs = _merge(rlabels, [tuple(row) for row in table], ("trust", "fleet", "owner", "tenant"))
+    return Grid([action], rlabels, clabels, [list(v) for v in rvecs])
+
+
+def grids(cells: list[Any], symbol: Any) -> list[Grid]:
+    """One merged grid per action; actions whose grids are identical share one."""
+    by_action: dict[str, list[Any]] = {}
+    for c in cells:
+        by_action.setdefault(c.action, []).append(c)
+    out: list[Grid] = []
+    for action, cs in by_action.items():
+        g = _grid(action, cs, symbol)
+        same = next((x for x in out if x.signature() == g.signature()), None)
+        if same is not None:
+            same.actions.append(action)
+        else:
+            out.append(g)
+    return out
+
+
+def _values(dim: str, vals: frozenset[str]) -> str:
+    if vals == {NA}:
+        return ""
+    full = set(_VALUES.get(dim, []))
+    if dim in _VALUES and set(vals) >= full:
+        return ""
+    order = _VALUES.get(dim, sorted(vals))
+    return ", ".join(v for v in order if v in vals) or ", ".join(sorted(vals))
+
+
+def row_label(r: dict[str, frozenset[str]]) -> tuple[str, str]:
+    who = ", ".join(sorted(r["principal"]))
+    trust = _values("trust", r.get("trust", frozenset([NA])))
+    if r.get("trust", frozenset([NA])) != {NA}:
+        who += f", trust {trust}" if trust else ", any trust"
+    rel = [x for x in (_values(d, r.get(d, frozenset([NA]))) for d in ("tenant", "owner", "fleet")) if x]
+    return who, " · ".join(rel) or "any"
+
+
+def col_label(c: dict[str, frozenset[str]], show_resource: bool) -> str:
+    parts = []
+    if show_resource:
+        parts.append(", ".join(sorted(c["resource"])))
+    for d in COL_ORDER[1:]:
+        if d in c:
+            v = _values(d, c[d])
+            if v:
+                parts.append(f"{d} {v}" if d in ("scope", "status") else v)
+    return "\n".join(parts) or "any"
+
+
+def _table(g: Grid, title: str) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
+    t.add_column("principal", no_wrap=True)
+    t.add_column("relation to the row", no_wrap=True)
+    show_res = len({v for c in g.cols for v in c["resource"]}) > 1
+    for c in g.cols:
+        t.add_column(col_label(c, show_res), justify="center")
+    for r, row in zip(g.rows, g.cells):
+        who, rel = row_label(r)
+        t.add_row(who, rel, *[f"[{STYLE.get(s[:1], '')}]{s}[/]" if s else "" for s in row])
+    return t
+
+
+def render_matrix(mx: Matrix, target: str, console: Console) -> None:
+    """The matrix as rich tables, a legend and the figures of the proof."""
+    console.print(f"[bold]Access matrix of {target}[/]: ✓ permitted for every request of the class · "
+                  "✗ denied for every request · ~ depends (witnesses of both sides: --format json) · ∅ none",
+                  highlight=False)
+    for g in grids(mx.cells, lambda c: SYMBOL[c.verdict]):
+        console.print(_table(g, ", ".join(g.actions)))
+    unknown = [c for c in mx.cells if c.verdict == "unknown"]
+    for c in unknown[:5]:
+        console.print(f"[magenta]unknown[/] {c.action} ({c.principal} → {c.resource}): {c.message}", highlight=False)
+    console.print(f"{len(mx.cells)} cells, {len({(c.action, c.principal, c.resource, tuple(sorted(c.proved_by.items()))) for c in mx.cells})} "
+                  f"proved regions, {mx.queries} solver queries, {mx.replays} witnesses replayed through Cedar; "
+                  f"{mx.seconds:.1f} s", highlight=False)
+
+
+def matrix_json(mx: Matrix, target: str) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for c in mx.cells:
+        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    return {"tool": "policy-check explain", "version": 1, "target": target, "seconds": round(mx.seconds, 3),
+            "queries": mx.queries, "replays": mx.replays, "verdicts": counts,
+            "dimensions": {d.name: [v for v, _ in d.values] for d in DIMS},
+            "cells": [c.to_json() for c in mx.cells]}
+
+
+def _change_symbol(c: Change) -> str:
+    return f"{SYMBOL[c.old]}→{SYMBOL[c.new]}"
+
+
+def render_diff(diff: MatrixDiff, target: str, console: Console) -> None:
+    """Changed cells as tables (old→new verdicts), then one replayed witness per changed action and
+    direction, in English."""
+    console.print(f"[bold]Access changes {target}[/]: old→new verdict of each class whose permitted "
+                  "requests changed (✓ all, ✗ none, ~ some)", highlight=False)
+    if not diff.changes:
+        console.print("[green]no class of requests changed[/]")
+    for g in grids(diff.changes, _change_symbol):
+        console.print(_table(g, ", ".join(g.actions)))
+    lines = []
+    for c in diff.changes:
+        for w, word, modal in ((c.widen, "[red]widened[/]", " may now "), (c.narrow, "[yellow]narrowed[/]", " may no longer ")):
+            if w is not None:
+                lines.append(f"{word} {c.action}: {w.summary.replace(' may ', modal, 1)} "
+                             f"(replayed: old {'deny' if w is c.widen else 'allow'}, new "
+                             f"{'allow' if w is c.widen else 'deny'}; {', '.join(w.reasons) or 'no policy'})")
+    for line in lines[:LIMIT]:
+        console.print(line, highlight=False)
+    if len(lines) > LIMIT:
+        console.print(f"… {len(lines) - LIMIT} more witnesses in --format json", highlight=False)
+    for u in diff.unknown:
+        console.print(f"[magenta]unknown[/] {u}", highlight=False)
+    console.print(f"{len(diff.changes)} changed cells ({sum(c.widened for c in diff.changes)} widened, "
+                  f"{sum(c.narrowed for c in diff.changes)} narrowed), {diff.queries} solver queries, "
+                  f"{diff.replays} replays through Cedar; {diff.seconds:.1f} s", highlight=False)
+
+
+def diff_json(diff: MatrixDiff, target: str) -> dict[str, Any]:
+    return {"tool": "policy-check explain --compare", "version": 1, "target": target,
+            "seconds": round(diff.seconds, 3), "queries": diff.queries, "replays": diff.replays,
+            "widened": diff.widened, "unknown": diff.unknown, "changes": [c.to_json() for c in diff.changes]}
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

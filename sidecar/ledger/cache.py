@@ -1,0 +1,157 @@
+"""Caches of API keys, collections and agents in front of a ledger, invalidated so that a change made
+by any process — a key revoked, a collection deleted, an agent's trust changed — is seen on the next
+request.
+
+`CachingLedger(inner, version, ttl_s, cache_keys)` wraps a `Ledger`. It serves ``authenticate`` (with
+`cache_keys`), ``get_collection`` and ``agent_entities`` from memory, and everything else from `inner`.
+Row governance (status, scope, readers, supersession, tombstones) is never cached. An entry is used only
+while all of these hold; otherwise every cache is dropped and the ledger is asked:
+
+- `version()` returns the token it returned when the entry was stored. The SQLite ledger's token is
+  ``PRAGMA data_version`` (changed by every commit of another connection, any process) with its own
+  count of write transactions; the PostgreSQL ledger's is the count of notifications received on its
+  ``LISTEN`` channel (every write that changes keys, collections or agents sends one in its
+  transaction), and ``None`` while that channel is down — then nothing is cached at all;
+- the entry is younger than `ttl_s` seconds (a backstop for changes made around memwarden);
+- no write went through this wrapper since (every method not in `READ_ONLY` drops the caches).
+
+Only positive answers are cached (an unknown key or collection is asked again each time). Cached keys
+are indexed by a keyed hash of the presented key (a random key per process), never by the key itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from sidecar.governance import Principal
+from sidecar.ledger.base import CollectionRecord
+
+READ_ONLY = frozenset({
+    "authenticate", "list_keys", "agent_entities", "get_collection", "list_collections", "get_rows",
+    "content_copies", "active_fact", "forgotten", "content_key", "lineage", "backend_deleted_tombstones",
+    "pending_tombstones", "ping", "visibility_counts", "pool_stats", "schema_version", "data_version",
+    "cache_version", "close", "listing_keys",
+})
+
+
+class CachingLedger:
+    """See the module docstring. `version`: the invalidation token (None: do not cache now)."""
+
+    def __init__(self, inner: Any, version: Callable[[], Any], ttl_s: float = 5.0, cache_keys: bool = True) -> None:
+        self.inner = inner
+        self._version = version
+        self.ttl_s = ttl_s
+        self.cache_keys = cache_keys
+        self._lock = threading.Lock()
+        self._token: Any = None
+        self._keys: dict[bytes, tuple[float, Principal]] = {}
+        self._collections: dict[tuple[str, str], tuple[float, CollectionRecord]] = {}
+        self._agents: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._secret = os.urandom(32)
+        self.hits = 0
+        self.misses = 0
+
+    # -- validity ---------------------------------------------------------------------------
+    def _current(self) -> tuple[bool, float]:
+        """(caching allowed now, oldest acceptable entry time); drops everything on a new token."""
+        token = self._version()
+        now = time.monotonic()
+        if token is None:
+            self.clear()
+            return False, now
+        if token != self._token:
+            with self._lock:
+                self._keys.clear()
+                self._collections.clear()
+                self._agents.clear()
+                self._token = token
+        return True, now - self.ttl_s
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+            self._collections.clear()
+            self._agents.clear()
+            self._token = None
+
+    # -- cached reads -----------------------------------------------------------------------
+    def authenticate(self, plaintext: str) -> Principal | None:
+        if not self.cache_keys or self.ttl_s <= 0:
+            return self.inner.authenticate(plaintext)
+        ok, oldest = self._current()
+        if not ok:
+            return self.inner.authenticate(plaintext)
+        digest = hmac.new(self._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        hit = self._keys.get(digest)
+        if hit is not None and hit[0] >= oldest:
+            self.hits += 1
+            return hit[1]
+        self.misses += 1
+        token = self._token
+        principal = self.inner.authenticate(plaintext)
+        if principal is not None and self._token == token:
+            self._keys[digest] = (time.monotonic(), principal)
+        return principal
+
+    def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
+        if self.ttl_s <= 0:
+            return self.inner.get_collection(backend, collection_id)
+        ok, oldest = self._current()
+        if not ok:
+            return self.inner.get_collection(backend, collection_id)
+        hit = self._collections.get((backend, collection_id))
+        if hit is not None and hit[0] >= oldest:
+            self.hits += 1
+            return hit[1]
+        self.misses += 1
+        token = self._token
+        rec = self.inner.get_collection(backend, collection_id)
+        if rec is not None and self._token == token:
+            self._collections[(backend, collection_id)] = (time.monotonic(), rec)
+        return rec
+
+    def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
+        if self.ttl_s <= 0:
+            return self.inner.agent_entities(agent_uids)
+        ok, oldest = self._current()
+        if not ok:
+            return self.inner.agent_entities(agent_uids)
+        out: dict[str, dict[str, Any]] = {}
+        missing = set()
+        for uid in agent_uids:
+            hit = self._agents.get(uid)
+            if hit is not None and hit[0] >= oldest:
+                out[uid] = hit[1]
+            else:
+                missing.add(uid)
+        if missing:
+            self.misses += 1
+            token = self._token
+            found = self.inner.agent_entities(missing)
+            if self._token == token:
+                now = time.monotonic()
+                for uid, entity in found.items():
+                    self._agents[uid] = (now, entity)
+            out.update(found)
+        else:
+            self.hits += 1
+        return out
+
+    # -- everything else --------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in READ_ONLY or not callable(attr):
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            self.clear()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.clear()
+        return write

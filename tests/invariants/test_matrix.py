@@ -1,0 +1,180 @@
+"""The access matrix (invariants.matrix, policy-check explain): every cell's verdict agrees with cedarpy
+on generated concrete requests, witnesses replay, the CLI prints the matrix and the diff of a widened
+copy (exit 1), and a narrowed copy exits 0."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from typer.testing import CliRunner
+
+from invariants.cli import explain_app
+from invariants.engine import authorize
+from invariants.matrix import Matrix, build_matrix, classify, diff_matrices
+from invariants.project import load_project
+
+from .conftest import POLICIES
+
+runner = CliRunner()
+ACTIONS = ["read", "write", "redistribute", "configure", "list"]  # a sample of every resource type (CI time)
+PROJ = load_project(POLICIES, with_invariants=False)
+
+
+@pytest.fixture(scope="module")
+def matrix() -> Matrix:
+    return build_matrix(PROJ.schema, PROJ.schema_text, PROJ.policies, actions=ACTIONS)
+
+
+def ref(t: str, i: str) -> dict[str, Any]:
+    return {"__entity": {"type": t, "id": i}}
+
+
+TENANTS, FLEETS, AGENTS = ["t1", "t2"], ["f1", "f2", "f3"], ["a1", "a2", "a3"]
+
+
+@st.composite
+def requests(draw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    action = draw(st.sampled_from(ACTIONS))
+    ad = PROJ.schema.actions[action]
+    pt, rt = draw(st.sampled_from(sorted(ad.principals))), draw(st.sampled_from(sorted(ad.resources)))
+    ents: list[dict[str, Any]] = []
+    fleet_tenant = {f: draw(st.sampled_from(TENANTS + [None])) for f in FLEETS}
+    for f, t in fleet_tenant.items():
+        ents.append({"uid": {"type": "Fleet", "id": f}, "attrs": {"tenant": ref("Tenant", t or "t9")},
+                     "parents": [{"type": "Tenant", "id": t}] if t else []})
+    ents += [{"uid": {"type": "Tenant", "id": t}, "attrs": {}, "parents": []} for t in TENANTS]
+    present = draw(st.sets(st.sampled_from(AGENTS)))
+    pid = draw(st.sampled_from(AGENTS)) if pt == "Agent" else "p"
+    for a in sorted(present | ({pid} if pt == "Agent" else set())):
+        ents.append({"uid": {"type": "Agent", "id": a}, "parents": [],
+                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
+                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
+                               "trust": draw(st.integers(-1, 5)), "roles": []}})
+    if pt == "TenantAdmin":
+        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))},
+                     "parents": []})
+    elif pt != "Agent":
+        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {}, "parents": []})
+    rid = "r"
+    if rt == "Memory":
+        ents.append({"uid": {"type": "Memory", "id": rid}, "parents": [],
+                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
+                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
+                               "owner": ref("Agent", draw(st.sampled_from(AGENTS))),
+                               "scope": draw(st.sampled_from(["agent", "fleet", "tenant", "restricted", "x", ""])),
+                               "status": draw(st.sampled_from(["active", "superseded", "deleted", "gone"])),
+                               "readers": [ref("Agent", a) for a in sorted(draw(st.sets(st.sampled_from(AGENTS))))],
+                               "labels": []}})
+    elif rt in ("Collection", "Namespace"):
+        ents.append({"uid": {"type": rt, "id": rid}, "parents": [],
+                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))}})
+    else:
+        ents.append({"uid": {"type": rt, "id": rid}, "attrs": {}, "parents": []})
+    ctx: dict[str, Any] = {}
+    if action == "redistribute":
+        ctx = {"target_fleet": ref("Fleet", draw(st.sampled_from(FLEETS))), "target_scope": "fleet"}
+    req = {"principal": {"type": pt, "id": pid}, "action": {"type": "Action", "id": action},
+           "resource": {"type": rt, "id": rid}, "context": ctx}
+    return req, ents
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(requests())
+def test_cells_agree_with_cedar(matrix: Matrix, case: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    req, ents = case
+    coords = classify(PROJ.schema, PROJ.schema_text, req, ents)
+    key = (req["action"]["id"], req["principal"]["type"], req["resource"]["type"], tuple(sorted(coords.items())))
+    cell = matrix.by_key()[key]
+    cedar = authorize(req, PROJ.policies, ents, PROJ.schema_text)
+    assert cell.verdict in ("permitted", "denied", "depends"), cell
+    if cell.verdict == "permitted":
+        assert cedar.allow, (cell.coords, req, ents)
+    elif cell.verdict == "denied":
+        assert not cedar.allow, (cell.coords, req, ents)
+
+
+def test_every_witness_replays_and_lies_in_its_cell(matrix: Matrix) -> None:
+    seen = 0
+    for c in matrix.cells:
+        for w, allow in ((c.allow, True), (c.deny, False)):
+            if w is None:
+                continue
+            seen += 1
+            assert authorize(w.request, PROJ.policies, w.entities, PROJ.schema_text).allow is allow
+            got = classify(PROJ.schema, PROJ.schema_text, w.request, w.entities)
+            assert all(got[k] == v for k, v in c.proved_by.items())
+    assert seen >= len({tuple(sorted(c.proved_by.items())) for c in matrix.cells})
+    verdicts = {c.verdict for c in matrix.cells}
+    assert {"permitted", "denied"} <= verdicts and "unknown" not in verdicts
+
+
+def test_default_policy_facts(matrix: Matrix) -> None:
+    cells = matrix.by_key()
+
+    def v(action: str, pt: str, rt: str, **coords: str) -> str:
+        return cells[(action, pt, rt, tuple(sorted(coords.items())))].verdict
+
+    same = {"tenant": "same tenant"}
+    assert v("read", "Agent", "Memory", **same, status="active", scope="fleet", trust="1", owner="not owner",
+             fleet="other fleet", reader="not a reader") == "denied"
+    assert v("read", "Agent", "Memory", **same, status="active", scope="fleet", trust="2", owner="not owner",
+             fleet="other fleet", reader="not a reader") == "permitted"
+    assert v("read", "Agent", "Memory", **same, status="deleted", scope="tenant", trust="≥3", owner="owner",
+             fleet="same fleet", reader="reader") == "denied"
+    assert v("read", "Agent", "Memory", tenant="other tenant", status="active", scope="tenant", trust="≥3") == "denied"
+    assert v("configure", "Operator", "Deployment") == "permitted"
+    assert v("configure", "TenantAdmin", "Deployment") == "denied"
+
+
+def _widened(tmp_path: Path) -> Path:
+    d = tmp_path / "widened"
+    shutil.copytree(POLICIES, d)
+    (d / "zz-widen.cedar").write_text('@id("read-fleet-any-trust")\npermit (principal is Agent, action == '
+                                      'Action::"read", resource is Memory)\nwhen { resource.tenant == principal.tenant '
+                                      '&& resource.scope == "fleet" };\n')
+    return d
+
+
+def test_diff_of_a_widened_copy() -> None:
+    import tempfile
+    with tempfile.TemporaryDirectory() as t:
+        new = load_project(_widened(Path(t)), with_invariants=False)
+    diff = diff_matrices(PROJ.schema, PROJ.schema_text, PROJ.policies, new.policies, actions=["read", "write"])
+    assert diff.widened and not any(c.narrowed for c in diff.changes)
+    changed = {(c.action, c.coords.get("scope"), c.coords.get("trust"), c.coords.get("fleet"), c.coords.get("status"))
+               for c in diff.changes}
+    # exactly the fleet-scoped, readable-status rows of other fleets for trust <= 1
+    assert {a for a, *_ in changed} == {"read"}
+    assert {(s, t, f) for _, s, t, f, _ in changed} == {("fleet", "≤0", "other fleet"), ("fleet", "1", "other fleet")}
+    assert {st for *_, st in changed} == {"active", "superseded", "other"}
+    for c in diff.changes:
+        assert c.old == "denied" and c.new == "permitted" and c.widen is not None
+        assert c.widen.decision == "allow" and "read-fleet-any-trust" in c.widen.reasons
+        assert not authorize(c.widen.request, PROJ.policies, c.widen.entities, PROJ.schema_text).allow
+
+
+def test_explain_cli_prints_the_matrix_and_the_diff(tmp_path: Path) -> None:
+    res = runner.invoke(explain_app, [str(POLICIES), "--action", "read", "--action", "configure"])
+    assert res.exit_code == 0, res.output
+    assert "read" in res.output and "configure" in res.output and "✓" in res.output and "✗" in res.output
+    assert "tenant admin" in res.output and "other tenant" in res.output and "witnesses replayed" in res.output
+    res = runner.invoke(explain_app, [str(POLICIES), "--action", "list", "--format", "json"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and doc["cells"] and {c["action"] for c in doc["cells"]} == {"list"}
+    new = _widened(tmp_path)
+    res = runner.invoke(explain_app, ["--compare", str(POLICIES), str(new), "-a", "read", "-a", "search"])
+    assert res.exit_code == 1, res.output
+    assert "widened read: agent " in res.output and " may now read a fleet-scoped row" in res.output
+    assert "✗→✓" in res.output
+    res = runner.invoke(explain_app, ["--compare", str(new), str(POLICIES), "--format", "json", "-a", "read"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and not doc["widened"] and doc["changes"]
+    assert all(c["narrowed"] and c["narrow_witness"]["decision"] == "allow" for c in doc["changes"])
+    res = runner.invoke(explain_app, ["--compare", str(POLICIES), str(POLICIES), "-a", "read", "-a", "list"])
+    assert res.exit_code == 0 and "no class of requests changed" in res.output

@@ -1,0 +1,120 @@
+"""The ledger caches (`sidecar.ledger.cache.CachingLedger`): what they serve from memory and what drops
+them — another connection's commit (SQLite ``PRAGMA data_version``), a write through this connection or
+the wrapper, a PostgreSQL notification; nothing is cached while PostgreSQL's channel is down, and keys are
+never cached on PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sidecar.ledger import CollectionRecord, SQLiteLedger, now_us
+from sidecar.ledger.cache import CachingLedger
+from sidecar.ledger.postgres import PostgresLedger
+from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
+
+
+def collection(cid: str, tenant: str = "t") -> CollectionRecord:
+    return CollectionRecord("chroma", cid, tenant, "db", "c", "t/admin", now_us())
+
+
+def test_sqlite_caches_and_another_connections_commit_drops_them(tmp_path: Path) -> None:
+    raw = SQLiteLedger(tmp_path / "l.db")
+    cached = CachingLedger(raw, raw.cache_version, ttl_s=3600)
+    rec, key = raw.create_key("agent", "t", "red", "a", 1)
+    raw.register_collection(collection("c1"))
+    assert cached.authenticate(key) is not None and cached.get_collection("chroma", "c1") is not None
+    assert cached.agent_entities({"t/red/a"})["t/red/a"]["attrs"]["trust"] == 1
+    misses = cached.misses
+    assert cached.authenticate(key) is not None and cached.get_collection("chroma", "c1") is not None
+    assert cached.agent_entities({"t/red/a"}) and cached.misses == misses  # all three from memory
+    other = SQLiteLedger(tmp_path / "l.db")  # another connection (as another process or the CLI)
+    other.revoke_key(rec.key_id)
+    assert cached.authenticate(key) is None  # the very next call
+    other.delete_collection("chroma", "c1", "t/admin", "r")
+    assert cached.get_collection("chroma", "c1") is None
+    other.create_key("agent", "t", "red", "a", 3)  # the agent's trust changes
+    assert cached.agent_entities({"t/red/a"})["t/red/a"]["attrs"]["trust"] == 3
+    assert cached.authenticate(key + "x") is None and cached.get_collection("chroma", "nope") is None
+
+
+def test_sqlite_writes_through_the_same_connection_or_the_wrapper_drop_them(tmp_path: Path) -> None:
+    raw = SQLiteLedger(tmp_path / "l.db")
+    cached = CachingLedger(raw, raw.cache_version, ttl_s=3600)
+    rec, key = raw.create_key("agent", "t", "red", "a", 1)
+    assert cached.authenticate(key) is not None
+    raw.revoke_key(rec.key_id)  # same connection: data_version does not move, the write count does
+    assert cached.authenticate(key) is None
+    rec2, key2 = cached.create_key("agent", "t", "red", "b", 1)
+    assert cached.authenticate(key2) is not None
+    assert cached.revoke_key(rec2.key_id) and cached.authenticate(key2) is None  # through the wrapper
+
+
+def test_no_cache_with_ttl_zero(tmp_path: Path) -> None:
+    raw = SQLiteLedger(tmp_path / "l.db")
+    cached = CachingLedger(raw, raw.cache_version, ttl_s=0)
+    _, key = raw.create_key("agent", "t", "red", "a", 1)
+    for _ in range(3):
+        assert cached.authenticate(key) is not None
+    assert cached.hits == 0
+
+
+def wait_for_version_change(ledger: PostgresLedger, before: object) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = ledger.cache_version()
+        if now is not None and now != before:
+            return
+        time.sleep(0.01)
+    raise AssertionError("no notification within 10 s")
+
+
+def settle(ledger: PostgresLedger) -> None:
+    """Until the notifications sent so far are read (the token is stable and known)."""
+    deadline = time.monotonic() + 10
+    last = ledger.cache_version()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = ledger.cache_version()
+        if now is not None and now == last:
+            return
+        last = now
+    raise AssertionError("notifications did not settle within 10 s")
+
+
+def test_postgres_notifications_drop_the_caches_and_keys_are_never_cached(pg_url: str) -> None:  # noqa: F811
+    schema = fresh_schema()
+    raw = PostgresLedger(pg_url, schema=schema, max_size=2)
+    other = PostgresLedger(pg_url, schema=schema, max_size=2)
+    try:
+        cached = CachingLedger(raw, raw.cache_version, ttl_s=3600, cache_keys=False)
+        deadline = time.monotonic() + 10
+        while raw.cache_version() is None and time.monotonic() < deadline:  # the listener connects
+            time.sleep(0.01)
+        assert raw.cache_version() is not None
+        rec, key = other.create_key("agent", "t", "red", "a", 1)
+        other.register_collection(collection("c1"))
+        settle(raw)
+        assert cached.get_collection("chroma", "c1") is not None
+        misses = cached.misses
+        assert cached.get_collection("chroma", "c1") is not None and cached.misses == misses
+        assert cached.authenticate(key) is not None
+        other.revoke_key(rec.key_id)
+        assert cached.authenticate(key) is None  # read from PostgreSQL on every call
+        settle(raw)
+        before = raw.cache_version()
+        other.delete_collection("chroma", "c1", "t/admin", "r")
+        wait_for_version_change(raw, before)
+        assert cached.get_collection("chroma", "c1") is None
+        # the channel down: nothing is cached
+        other.register_collection(collection("c2"))
+        settle(raw)
+        assert raw._listener is not None
+        raw._listener._fd = None
+        misses = cached.misses
+        assert cached.get_collection("chroma", "c2") is not None and cached.get_collection("chroma", "c2") is not None
+        assert cached.misses == misses  # neither counted as a cache lookup: both went to PostgreSQL
+        assert cached.hits == 1
+    finally:
+        raw.close()
+        other.close()
