@@ -426,6 +426,10 @@ class Translator:
             assert isinstance(l.ty, TSet)
             if not _same_kind(l.ty.elem, r.ty):
                 return Val(BOOL, F), err
+            if isinstance(r.ty, (TString, TLong, TEntity)):
+                # The probed element is a candidate member when a co-finite set in a model is narrowed to
+                # a finite one (counterexample.model_finite_sets): `roles.contains("auditor")` needs "auditor".
+                self.store.reg.elems[r.term.get_id()] = r.term
             return Val(BOOL, z3.Select(l.term, r.term)), err
         self._need(r, TSet, op)
         assert isinstance(l.ty, TSet) and isinstance(r.ty, TSet)

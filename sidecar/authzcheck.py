@@ -16,8 +16,8 @@ A check (the JSON request form, cf. Cerbos ``CheckResources`` / ``opa eval --inp
                    {"database": "default_database", "tenant": "acme", "actions": ["admin"]}]}  # a namespace
 
 ``collection`` is the Chroma collection UUID (Mem0: omitted, the deployment). ``write`` asks about a new
-row: ``row`` must not exist; ``scope`` (default ``fleet``), ``fleet`` and ``readers`` (``fleet/agent``
-list) describe it. The answer: ``{"policy_sha256", "principal", "results": [{"action", "resource",
+row: ``row`` must not exist; ``scope`` (default ``fleet``), ``fleet``, ``readers`` (``fleet/agent``
+list) and ``labels`` (a list of label names) describe it. The principal's roles are its key's. The answer: ``{"policy_sha256", "principal", "results": [{"action", "resource",
 "decision", "reason", "policies", "errors", "request", "entities"}]}`` — ``request`` and ``entities`` are
 exactly what Cedar saw (none when the sidecar decides before asking Cedar: an unknown, deleted or
 pending row, a superseded row without ``include_superseded``, a collection of another tenant, an
@@ -32,6 +32,7 @@ from typing import Any
 from sidecar.config import Settings
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref
 from sidecar.ledger import Ledger, now_us
+from sidecar.ledger.base import check_names
 from sidecar.metrics import Metrics
 from sidecar.policy import CedarRequest
 from sidecar.policy_reload import PolicyHandle
@@ -173,8 +174,14 @@ class Checker:
         scope = item.get("scope", "fleet")
         fleet = item.get("fleet", p.fleet or "")
         readers = item.get("readers", [])
-        if not isinstance(scope, str) or not isinstance(fleet, str) or not isinstance(readers, list):
-            raise CheckError("scope and fleet must be strings, readers a list of fleet/agent")
+        labels = item.get("labels", [])
+        if not isinstance(scope, str) or not isinstance(fleet, str) or not isinstance(readers, list) \
+                or not isinstance(labels, list):
+            raise CheckError("scope and fleet must be strings, readers a list of fleet/agent, labels a list of names")
+        try:
+            labels = list(check_names("label", labels))
+        except ValueError as exc:
+            raise CheckError(str(exc)) from None
         uids = []
         for r in readers:
             f, sep, a = str(r).partition("/")
@@ -182,7 +189,7 @@ class Checker:
                 raise CheckError("readers must be fleet/agent")
             uids.append(agent_id(p.tenant, f, a))
         return Row(self.backend, collection, row_id, p.tenant, fleet, p.uid[1], scope, p.uid[1], now_us(),
-                   readers=tuple(uids))
+                   readers=tuple(uids), labels=tuple(labels))
 
     def _context(self, p: Principal, item: dict[str, Any]) -> dict[str, Any]:
         ctx = item.get("context")

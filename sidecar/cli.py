@@ -165,6 +165,8 @@ def keys_create(
     fleet: Optional[str] = typer.Option(None, help="fleet name (agent keys)"),
     agent: Optional[str] = typer.Option(None, help="agent name (agent keys)"),
     trust: int = typer.Option(0, min=0, max=3, help="trust 0-3 (agent keys)"),
+    role: list[str] = typer.Option([], "--role", help="a role of the agent (Agent.roles in the policies); repeat "
+                                   "for several (agent keys)"),
     admin: bool = typer.Option(False, "--admin", help="tenant-wide admin key"),
     operator: bool = typer.Option(False, "--operator", help="deployment-level operator key (no tenant): "
                                   "configure, reset, any tenant's namespace; never tenant data"),
@@ -186,14 +188,16 @@ def keys_create(
         kind = "admin" if admin else "agent"
     store = ledger_from_settings(_settings(ledger))
     try:
-        record, plaintext = store.create_key(kind, tenant, fleet, agent, trust)
+        record, plaintext = store.create_key(kind, tenant, fleet, agent, trust, roles=role)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     finally:
         store.close()
     sys.stdout.write(plaintext + "\n")
-    Console(stderr=True).print(f"key id {record.key_id} ({record.principal().describe()}, trust {record.trust})", style="dim")
+    roles = f", roles {','.join(record.roles)}" if record.roles else ""
+    Console(stderr=True).print(f"key id {record.key_id} ({record.principal().describe()}, trust {record.trust}{roles})",
+                               style="dim", markup=False)
 
 
 @keys.command("list")
@@ -203,9 +207,10 @@ def keys_list(
 ) -> None:
     """List keys (never their secrets)."""
     store = ledger_from_settings(_settings(ledger))
-    table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "revoked")
+    table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "roles", "revoked")
     for k in store.list_keys(tenant):
-        table.add_row(k.key_id, k.kind, k.tenant or "", k.fleet or "", k.agent or "", str(k.trust), "yes" if k.revoked_at else "")
+        table.add_row(k.key_id, k.kind, k.tenant or "", k.fleet or "", k.agent or "", str(k.trust), ",".join(k.roles),
+                      "yes" if k.revoked_at else "")
     store.close()
     console.print(table)
 
@@ -262,6 +267,7 @@ def authz_check(
     target_fleet: Optional[str] = typer.Option(None, help="redistribute: the target fleet"),
     target_scope: Optional[str] = typer.Option(None, help="redistribute: the target scope"),
     scope: Optional[str] = typer.Option(None, help="write: scope of the new row (default fleet)"),
+    label: list[str] = typer.Option([], "--label", help="write: a label of the new row (repeatable)"),
     include_superseded: bool = typer.Option(False, help="read: a superseded row is servable (as ?include_superseded)"),
     request: Optional[Path] = typer.Option(None, help="a JSON check document (- for stdin) instead of the options"),
     fmt: str = typer.Option("text", "--format", help="text or json"),
@@ -298,6 +304,8 @@ def authz_check(
                      ("scope", scope)):
             if v is not None:
                 item[k] = v
+        if label:
+            item["labels"] = list(label)
         if target_fleet is not None or target_scope is not None:
             item["context"] = {"target_fleet": target_fleet, "target_scope": target_scope}
         doc = {"key_id": key_id, "resources": [item]}

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from sidecar.errors import BadRequest, Conflict, Forbidden
 from sidecar.governance import SCOPES, Principal, Row, agent_id, fact_partition
-from sidecar.ledger.base import StaleFact, now_us
+from sidecar.ledger.base import StaleFact, check_names, now_us
 
 if TYPE_CHECKING:
     from sidecar.exchange import Exchange
@@ -46,7 +46,7 @@ GOVERNED_PREFIX = "mw_"
 # Requestable on a new row only (provenance and the triple are fixed once written).
 WRITE_ONCE = ("mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
 # Governed metadata keys a client may request; the sidecar stamps these and the rest.
-REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers") + WRITE_ONCE
+REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers", "mw_labels") + WRITE_ONCE
 FIXED_ONCE_WRITTEN = "provenance and triples are fixed once written; write a new row instead"
 
 
@@ -112,7 +112,8 @@ def split_metadata(p: Principal, meta: Any, *, not_object: str, reserved: Iterab
     fleet or reader list, an empty ``mw_derived_from`` or an incomplete triple; `not_object` is the
     message when `meta` is neither an object nor None.
 
-    Requested values come back parsed: ``mw_readers`` as a tuple of agent uids ``t/f/a``,
+    Requested values come back parsed: ``mw_readers`` as a tuple of agent uids ``t/f/a``, ``mw_labels``
+    (``"pii,finance"``; ``""`` for none) as a sorted tuple of label names (`check_names`; 400 for a bad one),
     ``mw_derived_from`` as a tuple of parent row ids (order kept, duplicates dropped), ``mw_subject`` and
     ``mw_predicate`` normalised (`normalise`).
     """
@@ -146,6 +147,11 @@ def split_metadata(p: Principal, meta: Any, *, not_object: str, reserved: Iterab
                 raise BadRequest("mw_readers must be a comma-separated list of fleet/agent")
             readers.append(agent_id(p.tenant, fleet, agent))
         requested["mw_readers"] = tuple(dict.fromkeys(readers))
+    if "mw_labels" in requested:
+        try:
+            requested["mw_labels"] = check_names("label", filter(None, (s.strip() for s in requested["mw_labels"].split(","))))
+        except ValueError as exc:
+            raise BadRequest(f"mw_labels: {exc}") from None
     if "mw_derived_from" in requested:
         parents = [x.strip() for x in requested["mw_derived_from"].split(",") if x.strip()]
         if not parents:
@@ -223,7 +229,7 @@ class Provenance:
             backend=self.backend, collection=collection, row_id=row_id, tenant=p.tenant,
             fleet=requested.get("mw_fleet", p.fleet or ""), owner=p.uid[1],
             scope=requested.get("mw_scope", "fleet"), writer=p.uid[1], created_at=now_us(),
-            readers=requested.get("mw_readers", ()), request_id=ex.request_id,
+            readers=requested.get("mw_readers", ()), labels=requested.get("mw_labels", ()), request_id=ex.request_id,
             source=f"{self.backend}:{ex.operation}:{ex.request_id}",
             derived_from=tuple((collection, parent) for parent in requested.get("mw_derived_from", ())),
             subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),

@@ -8,7 +8,8 @@ Governance on top of Chroma:
   of an existing name) is Cedar ``list`` on it; creating one is ``create_collection`` on the namespace.
   A collection Chroma holds that the ledger does not know is 409 ("adopt it first"), never adopted.
 - Writes (add, upsert) stamp governed metadata (``mw_*``) and record the row in the ledger; the
-  client may request ``mw_scope``, ``mw_fleet`` and ``mw_readers`` but never set the other ``mw_*`` keys.
+  client may request ``mw_scope``, ``mw_fleet``, ``mw_readers`` and ``mw_labels`` (and on a new row its
+  parents and triple) but never set the other ``mw_*`` keys.
 - Reads (get, query, count) AND the caller's visibility filter into ``where`` (pushdown), then pass
   every returned row through one batched Cedar ``read``; query over-fetches and refills to
   ``n_results``; get applies ``offset``/``limit`` over readable rows; count counts readable rows.
@@ -76,8 +77,8 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 # Governed metadata keys the sidecar stamps (the client may request `sidecar.provenance.REQUESTABLE`).
-STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_source",
-           "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
+STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_labels",
+           "mw_source", "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
 READER_PREFIX = "mw_r:"
 # Governed keys a client filter may test: their stored value is exactly what a reader of the row is shown.
 # ``mw_derived_from`` is stored with every parent but shown narrowed to the parents the caller may read,
@@ -134,8 +135,12 @@ def and_where(*clauses: Any) -> dict[str, Any] | None:
     return parts[0] if len(parts) == 1 else {"$and": parts}
 
 
-def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
-    """`metadata` with every governed key set from the ledger row (client values already rejected)."""
+def stamp(metadata: dict[str, Any] | None, row: Row, previous: Row | None = None) -> dict[str, Any]:
+    """`metadata` with every governed key set from the ledger row (client values already rejected).
+
+    `previous` is the row as Chroma holds it (an update or upsert of an existing id): Chroma merges the
+    metadata of an update into what it stores, so a governed key the row no longer has (``mw_labels`` or
+    ``mw_readers`` emptied, a reader's ``mw_r:`` flag) is sent as null, which deletes it (Chroma 1.x)."""
     out = dict(metadata or {})
     out.update({
         "mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
@@ -146,6 +151,15 @@ def stamp(metadata: dict[str, Any] | None, row: Row) -> dict[str, Any]:
         out["mw_readers"] = ",".join(row.readers)
         for reader in row.readers:
             out[READER_PREFIX + reader] = True
+    if row.labels:
+        out["mw_labels"] = ",".join(row.labels)
+    if previous is not None:
+        if previous.readers and not row.readers:
+            out["mw_readers"] = None
+        for reader in set(previous.readers) - set(row.readers):
+            out[READER_PREFIX + reader] = None
+        if previous.labels and not row.labels:
+            out["mw_labels"] = None
     return out
 
 
@@ -530,12 +544,14 @@ class ChromaProfile:
         return {d["ids"]: {k: v for k, v in d["metadatas"].items() if k.startswith("mw_")} for d in shown}
 
     def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
-        """The row after a requested scope/fleet/readers change and the redistribute context; None if no change."""
+        """The row after a requested scope/fleet/readers/labels change and the redistribute context; None if
+        no change."""
         new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
         new.scope = requested.get("mw_scope", row.scope)
         new.fleet = requested.get("mw_fleet", row.fleet)
         new.readers = requested.get("mw_readers", row.readers)
-        if (new.scope, new.fleet, new.readers) == (row.scope, row.fleet, row.readers):
+        new.labels = requested.get("mw_labels", row.labels)
+        if (new.scope, new.fleet, new.readers, new.labels) == (row.scope, row.fleet, row.readers, row.labels):
             return None
         return new, {"target_fleet": {"__entity": {"type": "Fleet", "id": f"{p.tenant}/{new.fleet}"}}, "target_scope": new.scope}
 
@@ -640,7 +656,8 @@ class ChromaProfile:
         forwarded = dict(body)
         if metas is not None or new_ids:
             forwarded["metadatas"] = [
-                stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]])
+                stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]],
+                      known.get(ids[i]))
                 for i in range(len(ids))
             ]
         new_rows = [final[i] for i in new_ids]

@@ -16,10 +16,11 @@ every write; a client ``agent_id`` naming anyone else is 403. In requests the cl
 full uid, ``fleet/agent`` (own tenant) or ``agent`` (own fleet). ``user_id`` and ``run_id`` stay data.
 
 Governed metadata stamped into every row: ``mw_tenant, mw_fleet, mw_owner, mw_scope, mw_writer,
-mw_created_at, mw_readers`` (a list of agent uids), ``mw_source`` (``mem0:add:<request id>``) and, where
-requested, ``mw_derived_from`` and the triple ``mw_subject/mw_predicate/mw_object``. A client may request
-``mw_scope``, ``mw_fleet``, ``mw_readers`` (``"fleet/agent,..."``), ``mw_derived_from`` (parent memory ids)
-and the triple, and nothing else under ``mw_``; the ledger stays the authority.
+mw_created_at, mw_readers`` (a list of agent uids), ``mw_labels`` (a list of labels), ``mw_source``
+(``mem0:add:<request id>``) and, where requested, ``mw_derived_from`` and the triple
+``mw_subject/mw_predicate/mw_object``. A client may request ``mw_scope``, ``mw_fleet``, ``mw_readers``
+(``"fleet/agent,..."``), ``mw_labels`` (``"pii,finance"``), ``mw_derived_from`` (parent memory ids) and the
+triple, and nothing else under ``mw_``; the ledger stays the authority.
 
 Provenance, supersession and deletion closure (docs/design.md §4) follow `sidecar.provenance`, as on Chroma:
 parents must be readable; a single-valued triple supersedes the active fact (needs ``update`` on it);
@@ -257,7 +258,8 @@ class Mem0Profile:
     def _stamp(plain: dict[str, Any], row: Row) -> dict[str, Any]:
         out = dict(plain)
         out.update({"mw_tenant": row.tenant, "mw_fleet": row.fleet, "mw_owner": row.owner, "mw_scope": row.scope,
-                    "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_readers": list(row.readers)})
+                    "mw_writer": row.writer, "mw_created_at": row.created_at, "mw_readers": list(row.readers),
+                    "mw_labels": list(row.labels)})
         out.update(provenance_metadata(row))
         return out
 
@@ -272,6 +274,7 @@ class Mem0Profile:
         new.scope = requested.get("mw_scope", row.scope)
         new.fleet = requested.get("mw_fleet", row.fleet)
         new.readers = requested.get("mw_readers", row.readers)
+        new.labels = requested.get("mw_labels", row.labels)
         return new
 
     def _decide_all(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[str]:
@@ -491,7 +494,7 @@ class Mem0Profile:
         if self._decide_all(ex, "update", [row]):
             ex.action, ex.decision = "update", "deny"
             raise Forbidden("update is not permitted")
-        moved = (new.scope, new.fleet, new.readers) != (row.scope, row.fleet, row.readers)
+        moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
         if moved:
             ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
             if self._decide_all(ex, "redistribute", [row], [ctx]):
@@ -503,7 +506,8 @@ class Mem0Profile:
         if "metadata" in body or moved:
             meta = dict(plain)
             if moved:
-                meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers)})
+                meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers),
+                             "mw_labels": list(new.labels)})
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):

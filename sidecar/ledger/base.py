@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from sidecar.governance import Principal, Row
 
@@ -55,15 +56,41 @@ class StaleFact(Exception):
         self.current = current
 
 
-def check_key_request(kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> None:
+# A role (``Agent.roles``) or a label (``Memory.labels``): a short name, so that it reads the same in a policy,
+# a key list, row metadata and a decision log.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+MAX_NAMES = 32
+
+
+def check_names(kind: str, names: Iterable[str]) -> tuple[str, ...]:
+    """Roles or labels as stored: each matching `NAME_PATTERN` (1-64 characters of ``A-Z a-z 0-9 _ . : -``,
+    starting with a letter or digit), at most `MAX_NAMES`, duplicates dropped, sorted. Raises ValueError
+    naming `kind` (``role``, ``label``) and the offending name."""
+    out = set()
+    for name in names:
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise ValueError(f"{kind} {name!r} is not a {kind} name (1-64 characters of A-Z a-z 0-9 _ . : -, "
+                             "starting with a letter or digit)")
+        out.add(name)
+    if len(out) > MAX_NAMES:
+        raise ValueError(f"at most {MAX_NAMES} {kind}s")
+    return tuple(sorted(out))
+
+
+def check_key_request(kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
+                      roles: Iterable[str] = ()) -> tuple[str, ...]:
     """Validate a `Ledger.create_key` request; raises ValueError naming the problem. Agent keys need
-    tenant, fleet and agent; admin keys a tenant; operator keys no tenant (they act on the deployment)."""
+    tenant, fleet and agent; admin keys a tenant; operator keys no tenant (they act on the deployment).
+    Roles (``Agent.roles``) are for agent keys only; returns them as stored (`check_names`)."""
     if kind not in ("agent", "admin", "operator"):
         raise ValueError("kind must be 'agent', 'admin' or 'operator'")
+    roles = check_names("role", roles)
+    if roles and kind != "agent":
+        raise ValueError("roles are attributes of agents (Agent.roles); admin and operator keys take none")
     if kind == "operator":
         if tenant or fleet or agent:
             raise ValueError("operator keys belong to no tenant, fleet or agent")
-        return
+        return roles
     if not tenant:
         raise ValueError("agent and admin keys need a tenant")
     for name, value in (("tenant", tenant), ("fleet", fleet), ("agent", agent)):
@@ -73,11 +100,13 @@ def check_key_request(kind: str, tenant: str | None, fleet: str | None, agent: s
         raise ValueError("agent keys need fleet and agent")
     if not 0 <= trust <= 3:
         raise ValueError("trust must be 0..3")
+    return roles
 
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    """An API key's record. `tenant` is None for an operator key (kind ``operator``)."""
+    """An API key's record. `tenant` is None for an operator key (kind ``operator``); `roles` (sorted) are an
+    agent key's ``Agent.roles`` (ledger schema version 5)."""
 
     key_id: str
     kind: str
@@ -87,13 +116,15 @@ class KeyRecord:
     trust: int
     created_at: int
     revoked_at: int | None
+    roles: tuple[str, ...] = ()
 
     def principal(self) -> Principal:
         if self.kind == "operator":
             return Principal(kind="operator", key_id=self.key_id, tenant="")
         if self.kind == "admin":
             return Principal(kind="admin", key_id=self.key_id, tenant=self.tenant)
-        return Principal(kind="agent", key_id=self.key_id, tenant=self.tenant, fleet=self.fleet, agent=self.agent, trust=self.trust)
+        return Principal(kind="agent", key_id=self.key_id, tenant=self.tenant, fleet=self.fleet, agent=self.agent,
+                         trust=self.trust, roles=self.roles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +140,8 @@ class CollectionRecord:
 
 class Ledger(Protocol):
     # keys and agents
-    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]: ...
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
+                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]: ...
     def authenticate(self, plaintext: str) -> Principal | None: ...
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]: ...
     def revoke_key(self, key_id: str) -> bool: ...

@@ -27,7 +27,7 @@ import os
 import re
 import select
 import threading
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
@@ -41,7 +41,8 @@ from sidecar.ledger.sqlite import (
     _ROW_COLUMNS,
     MIGRATION_2_PROVENANCE,
     MIGRATION_4_PARTITIONS,
-    MIGRATION_5_LISTING_KEYS,
+    MIGRATION_5_ROLES,
+    MIGRATION_6_LISTING_KEYS,
     _activate,
     _fact_query,
     _closure_tombstone,
@@ -96,7 +97,10 @@ MIGRATIONS: list[str] = [
     """,
     MIGRATION_4_PARTITIONS.replace(
         "READERS_SORTED", "(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") FROM json_array_elements_text(rows.readers::json) AS v)"),
-    MIGRATION_5_LISTING_KEYS,
+    # Version 5: roles of agent keys.
+    MIGRATION_5_ROLES,
+    # Version 6: listing keys of adopted rows.
+    MIGRATION_6_LISTING_KEYS,
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -226,31 +230,29 @@ class PostgresLedger:
         return self._listener.version()
 
     # -- keys and agents --------------------------------------------------------------------
-    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
-        """Store a new key (salted hash only) and return its record and the plaintext, shown once.
-
-        Kinds: ``agent`` (tenant, fleet, agent, trust), ``admin`` (tenant), ``operator`` (no tenant: the
-        deployment). For agent keys the agent's record (trust) is created or updated. Raises ValueError on
-        bad input (`check_key_request`).
-        """
-        check_key_request(kind, tenant, fleet, agent, trust)
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
+                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]:
+        """As `SQLiteLedger.create_key`: store a new key (salted hash only), return its record and the
+        plaintext (shown once); an agent key's trust and roles become its agent's record."""
+        roles = check_key_request(kind, tenant, fleet, agent, trust, roles)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
         tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
-                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles)
         with self._tx() as db:
             db.execute(
-                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
+                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
+                 record.created_at, json.dumps(list(roles))),
             )
             if kind == "agent":
                 assert tenant is not None and fleet is not None and agent is not None
                 db.execute(
-                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (%s,%s,%s,%s,%s) "
-                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust",
-                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust),
+                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (%s,%s,%s,%s,%s,%s) "
+                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust, roles = excluded.roles",
+                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
                 )
             self._notify(db, "keys")
         return record, f"mwk_{key_id}.{secret}"
@@ -274,7 +276,8 @@ class PostgresLedger:
 
     @staticmethod
     def _key(r: dict[str, Any]) -> KeyRecord:
-        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"])
+        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"],
+                         tuple(json.loads(r["roles"])))
 
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         with self._conn() as db:
@@ -446,15 +449,15 @@ class PostgresLedger:
             )
 
     def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet and readers of existing rows."""
+        """Persist scope, fleet, readers, labels and content HMAC of existing rows."""
         if not rows:
             return
         t = now_us()
         with self._tx() as db:
             db.cursor().executemany(
-                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, content_hmac = %s, fact_partition = %s, updated_at = %s "
-                "WHERE backend = %s AND collection_id = %s AND row_id = %s",
-                [(row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac,
+                "UPDATE rows SET scope = %s, fleet = %s, readers = %s, labels = %s, content_hmac = %s, fact_partition = %s, "
+                "updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",
+                [(row.scope, row.fleet, json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.content_hmac,
                   fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id)
                  for row in rows],
             )

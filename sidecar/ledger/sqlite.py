@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from contextlib import contextmanager
 
@@ -77,9 +77,13 @@ MIGRATION_4_PARTITIONS = """
     CREATE UNIQUE INDEX rows_one_active_fact ON rows (backend, tenant, collection_id, fact_partition, subject, predicate)
         WHERE status = 'active' AND single_valued = 1;
 """
-# Version 5: adopted rows (`memwarden adopt`). A backend that lists rows by its own entity ids (Mem0's
+# Version 5: roles of agent keys (``Agent.roles``, `memwarden keys create --role`), a sorted JSON list per
+# key; existing keys have none. The agents table already had the column (its roles follow the newest key).
+MIGRATION_5_ROLES = """
+    ALTER TABLE api_keys ADD COLUMN roles TEXT NOT NULL DEFAULT '[]';
+# Version 6: adopted rows (`memwarden adopt`). A backend that lists rows by its own entity ids (Mem0's
 # agent_id/user_id/run_id) keeps, per tenant, the ids under which that tenant's adopted rows are found.
-MIGRATION_5_LISTING_KEYS = """
+MIGRATION_6_LISTING_KEYS = """
     CREATE TABLE listing_keys (
         backend TEXT NOT NULL, collection_id TEXT NOT NULL, tenant TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
         PRIMARY KEY (backend, collection_id, tenant, field, value)
@@ -123,7 +127,8 @@ MIGRATIONS: list[str] = [
     MIGRATION_2_PROVENANCE,
     MIGRATION_3_OPERATOR_SQLITE,
     MIGRATION_4_PARTITIONS.replace("READERS_SORTED", SQLITE_READERS_SORTED),
-    MIGRATION_5_LISTING_KEYS,
+    MIGRATION_5_ROLES,
+    MIGRATION_6_LISTING_KEYS,
 ]
 
 _ROW_COLUMNS = (
@@ -226,30 +231,33 @@ class SQLiteLedger:
             self._db.close()
 
     # -- keys and agents --------------------------------------------------------------------
-    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int) -> tuple[KeyRecord, str]:
+    def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
+                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]:
         """Store a new key (salted hash only) and return its record and the plaintext, shown once.
 
-        Kinds: ``agent`` (tenant, fleet, agent, trust), ``admin`` (tenant), ``operator`` (no tenant: the
-        deployment). For agent keys the agent's record (trust) is created or updated. Raises ValueError on
-        bad input (`check_key_request`).
+        Kinds: ``agent`` (tenant, fleet, agent, trust, roles), ``admin`` (tenant), ``operator`` (no tenant:
+        the deployment). For agent keys the agent's record (trust and roles, as other rows' owner) is created
+        or updated to this key's. Raises ValueError on bad input (`check_key_request`).
         """
-        check_key_request(kind, tenant, fleet, agent, trust)
+        roles = check_key_request(kind, tenant, fleet, agent, trust, roles)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
         tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
-                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None)
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles)
         with self._tx() as db:
             db.execute(
-                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust, record.created_at),
+                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
+                 record.created_at, json.dumps(list(roles))),
             )
             if kind == "agent":
                 assert tenant is not None and fleet is not None and agent is not None
                 db.execute(
-                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES (?,?,?,?,?) "
-                    "ON CONFLICT(agent_uid) DO UPDATE SET trust=excluded.trust",
-                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust),
+                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (?,?,?,?,?,?) "
+                    "ON CONFLICT(agent_uid) DO UPDATE SET trust=excluded.trust, roles=excluded.roles",
+                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
                 )
         return record, f"mwk_{key_id}.{secret}"
 
@@ -273,7 +281,8 @@ class SQLiteLedger:
 
     @staticmethod
     def _key(r: sqlite3.Row) -> KeyRecord:
-        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"])
+        return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"],
+                         tuple(json.loads(r["roles"])))
 
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         with self._lock:
@@ -432,14 +441,14 @@ class SQLiteLedger:
                 )
 
     def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet, readers and content HMAC of existing rows."""
+        """Persist scope, fleet, readers, labels and content HMAC of existing rows."""
         t = now_us()
         with self._tx() as db:
             for row in rows:
                 db.execute(
-                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, content_hmac = ?, fact_partition = ?, updated_at = ? "
-                    "WHERE backend = ? AND collection_id = ? AND row_id = ?",
-                    (row.scope, row.fleet, json.dumps(list(row.readers)), row.content_hmac,
+                    "UPDATE rows SET scope = ?, fleet = ?, readers = ?, labels = ?, content_hmac = ?, fact_partition = ?, "
+                    "updated_at = ? WHERE backend = ? AND collection_id = ? AND row_id = ?",
+                    (row.scope, row.fleet, json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.content_hmac,
                      fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id),
                 )
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from invariants.engine import authorize, parse_text
-from sidecar.authzcheck import Checker
+from sidecar.authzcheck import Checker, CheckError
 from sidecar.config import Settings
 from sidecar.governance import Row
 from sidecar.ledger import CollectionRecord, SQLiteLedger
@@ -119,6 +119,14 @@ def test_request_level_and_write_checks(world: tuple[Checker, SQLiteLedger, list
     assert got[5][2:] == ("error", "conflict")  # write names a new row; this one exists
     denied = checker.check({"key_id": t_red_0, "resources": [{"row": "n", "collection": "C", "actions": ["write"]}]})
     assert denied["results"][0]["decision"] == "deny"  # trust 0 is read-only
+    # A new row's labels reach Cedar as they would be stored; the principal's roles are its key's.
+    labelled = checker.check({"key_id": t_red_1, "resources": [
+        {"row": "n2", "collection": "C", "actions": ["write"], "labels": ["pii", "finance", "pii"]}]})["results"][0]
+    ents = {(e["uid"]["type"], e["uid"]["id"]): e for e in labelled["entities"]}
+    assert ents[("Memory", "chroma:C:n2")]["attrs"]["labels"] == ["finance", "pii"]
+    assert ents[("Agent", "t/red/a1")]["attrs"]["roles"] == []
+    with pytest.raises(CheckError):
+        checker.check({"key_id": t_red_1, "resources": [{"row": "n3", "collection": "C", "actions": ["write"], "labels": ["p ii"]}]})
 
 
 def test_the_command_line(world: tuple[Checker, SQLiteLedger, list[str], dict[str, Row]]) -> None:

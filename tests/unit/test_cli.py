@@ -42,6 +42,23 @@ def test_keys_create_rejects_bad_input(tmp_path: Path) -> None:
     assert runner.invoke(app, ["keys", "create", "--tenant", "a", "--fleet", "f", "--agent", "x", "--trust", "7", "--ledger", db]).exit_code == 2
 
 
+def test_keys_create_with_roles(tmp_path: Path) -> None:
+    db = str(tmp_path / "l.db")
+    out = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a1", "--trust", "1",
+                              "--role", "pii-reader", "--role", "oncall", "--ledger", db])
+    assert out.exit_code == 0, out.output
+    p = SQLiteLedger(db).authenticate(out.stdout.strip().splitlines()[0])
+    assert p is not None and p.roles == ("oncall", "pii-reader")
+    listed = runner.invoke(app, ["keys", "list", "--ledger", db], env={"COLUMNS": "200"})
+    assert "oncall,pii-reader" in listed.output
+    bad = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a2", "--role", "has space",
+                              "--ledger", db])
+    assert bad.exit_code == 2 and "role" in bad.output, bad.output
+    bad = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--admin", "--role", "auditor", "--ledger", db])
+    assert bad.exit_code == 2 and "roles" in bad.output, bad.output
+    assert len(SQLiteLedger(db).list_keys()) == 1
+
+
 def test_serve_refuses_to_start_with_invalid_policies(tmp_path: Path) -> None:
     policies = tmp_path / "policies"
     policies.mkdir()

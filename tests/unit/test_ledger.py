@@ -79,6 +79,77 @@ def test_agent_trust_recorded_for_owner_entities(ledger: Ledger) -> None:
     assert set(ents) == {"t/red/a"} and ents["t/red/a"]["attrs"]["trust"] == 1
 
 
+def test_agent_roles_come_from_the_key(ledger: Ledger) -> None:
+    """`memwarden keys create --role`: stored with the key (sorted, deduplicated), on the principal it
+    authenticates and in its Cedar entity, and on the agent's record (its entity as another row's owner)."""
+    rec, key = ledger.create_key("agent", "t", "red", "a", 1, roles=["pii-reader", "oncall", "pii-reader"])
+    assert rec.roles == ("oncall", "pii-reader")
+    p = ledger.authenticate(key)
+    assert p is not None and p.roles == ("oncall", "pii-reader")
+    assert p.entities()[0]["attrs"]["roles"] == ["oncall", "pii-reader"]
+    assert ledger.agent_entities({"t/red/a"})["t/red/a"]["attrs"]["roles"] == ["oncall", "pii-reader"]
+    assert [k.roles for k in ledger.list_keys("t")] == [("oncall", "pii-reader")]
+    # A second key of the same agent carries its own roles; the agent's record follows the newest key.
+    _, plain = ledger.create_key("agent", "t", "red", "a", 1)
+    assert ledger.authenticate(plain).roles == ()  # type: ignore[union-attr]
+    assert ledger.authenticate(key).roles == ("oncall", "pii-reader")  # type: ignore[union-attr]
+    assert ledger.agent_entities({"t/red/a"})["t/red/a"]["attrs"]["roles"] == []
+    for kind, tenant, fleet, agent, roles in (("agent", "t", "red", "b", ["has space"]), ("agent", "t", "red", "b", [""]),
+                                              ("agent", "t", "red", "b", ["x" * 65]), ("agent", "t", "red", "b", ["-lead"]),
+                                              ("agent", "t", "red", "b", [f"r{i}" for i in range(33)]),
+                                              ("admin", "t", None, None, ["auditor"]), ("operator", None, None, None, ["ops"])):
+        with pytest.raises(ValueError):
+            ledger.create_key(kind, tenant, fleet, agent, 1 if kind == "agent" else 0, roles=roles)
+    assert [k.agent for k in ledger.list_keys("t")] == ["a", "a"]  # nothing stored by a refused request
+
+
+def test_labels_are_stored_and_updated(ledger: Ledger) -> None:
+    row = _row("l")
+    row.labels = ("finance", "pii")
+    ledger.reserve_rows([row])
+    ledger.activate_rows("chroma", "c1", ["l"])
+    stored = ledger.get_rows("chroma", "c1", ["l"])["l"]
+    assert stored.labels == ("finance", "pii") and stored.entity()["attrs"]["labels"] == ["finance", "pii"]
+    stored.labels = ()
+    ledger.update_governance([stored])
+    assert ledger.get_rows("chroma", "c1", ["l"])["l"].labels == ()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_migration_5_gives_existing_keys_no_roles(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Keys written by the version-4 code authenticate after the upgrade, with no roles."""
+    from sidecar.ledger.base import hash_secret
+
+    if kind == "sqlite":
+        db: Any = sqlite3.connect(tmp_path / "v4.db", isolation_level=None)
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        migrations, ph = SQLITE_MIGRATIONS, "?"
+    else:
+        url, schema = request.getfixturevalue("pg_url"), fresh_schema()
+        db = psycopg.connect(url, autocommit=True)
+        db.execute(f'CREATE SCHEMA "{schema}"')
+        db.execute(f"SET search_path = {schema}")
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied_at BIGINT NOT NULL)")
+        migrations, ph = PG_MIGRATIONS, "%s"
+    for version in range(4):
+        for statement in migrations[version].split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"INSERT INTO schema_version VALUES ({ph}{', 0' if kind == 'postgres' else ''})", (version + 1,))
+    db.execute(f"INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) "
+               f"VALUES ('k4', '00', {ph}, 'agent', 't', 'red', 'a', 1, 1)", (hash_secret(b"\0", "s"),))
+    db.execute(f"INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES ('t/red/a', 't', 'red', 'a', 1)")
+    db.close()
+    ledger = SQLiteLedger(tmp_path / "v4.db") if kind == "sqlite" else open_ledger(url, schema=schema, max_size=2)
+    try:
+        assert [(k.key_id, k.roles) for k in ledger.list_keys()] == [("k4", ())]
+        p = ledger.authenticate("mwk_k4.s")
+        assert p is not None and p.roles == () and p.trust == 1
+        assert ledger.agent_entities({"t/red/a"})["t/red/a"]["attrs"]["roles"] == []
+    finally:
+        ledger.close()
+
+
 def _row(i: str) -> Row:
     return Row("chroma", "c1", i, "t", "red", "t/red/a", "fleet", "t/red/a", 1)
 
@@ -117,10 +188,12 @@ def test_operator_keys_have_no_tenant(ledger: Ledger) -> None:
         with pytest.raises((sqlite3.IntegrityError, psycopg.errors.CheckViolation)):
             if isinstance(ledger, SQLiteLedger):
                 with ledger._tx() as db:
-                    db.execute("INSERT INTO api_keys VALUES ('x', '00', 'h', ?, ?, NULL, NULL, 0, 1, NULL)", (kind, tenant))
+                    db.execute("INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, "
+                               "revoked_at) VALUES ('x', '00', 'h', ?, ?, NULL, NULL, 0, 1, NULL)", (kind, tenant))
             else:
                 with ledger._tx() as db:  # type: ignore[attr-defined]
-                    db.execute("INSERT INTO api_keys VALUES ('x', '00', 'h', %s, %s, NULL, NULL, 0, 1, NULL)", (kind, tenant))
+                    db.execute("INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, "
+                               "revoked_at) VALUES ('x', '00', 'h', %s, %s, NULL, NULL, 0, 1, NULL)", (kind, tenant))
     assert ledger.revoke_key(rec.key_id) and ledger.authenticate(key) is None
 
 

@@ -179,3 +179,44 @@ def test_infer_text_of_deleted_content_is_removed_only_where_the_caller_could_re
     else:  # the caller never could read the deleted row: no oracle
         assert r.status_code == 200 and [e["id"] for e in r.json()["results"]] == ["n1", "n2"]
         assert rows["n1"].status == "active"
+
+
+def test_mem0_labels_are_stamped_and_a_change_is_redistribute(tmp_path: Path) -> None:
+    """``mw_labels`` through the Mem0 profile: stamped as a list on add, stored in the ledger; a PUT that
+    changes them is decided as ``redistribute`` (forbidden here by the example legal-hold rule)."""
+    import shutil
+
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICIES, policies)
+    shutil.copy(POLICIES.parent / "examples" / "labels-and-roles" / "labels.cedar", policies / "labels.cedar")
+    sent: list[httpx.Request] = []
+
+    def mem0(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if request.method == "POST" and request.url.path == "/memories":
+            return httpx.Response(200, json={"results": [{"id": "h1", "memory": "contract", "event": "ADD"}]})
+        if request.method == "PUT":
+            return httpx.Response(200, json={"message": "Memory updated successfully!"})
+        return httpx.Response(404, json={"detail": "not found"})
+
+    ledger = SQLiteLedger(tmp_path / "l.db")
+    app = create_app(Settings(policies_dir=policies, backend_url="http://mem0:9", backend="mem0"),
+                     transport=httpx.MockTransport(mem0), ledger=ledger)
+    _, key = ledger.create_key("agent", "t", "red", "a", 1)
+    _, keeper = ledger.create_key("agent", "t", "red", "a", 1, roles=["records-manager"])
+    client = TestClient(app)
+    r = client.post("/memories", headers={"X-API-Key": key},
+                    json={"messages": [{"role": "user", "content": "contract"}], "user_id": "u", "infer": False,
+                          "metadata": {"mw_labels": "legal-hold, finance"}})
+    assert r.status_code == 200, r.text
+    assert json.loads(sent[-1].content)["metadata"]["mw_labels"] == ["finance", "legal-hold"]
+    assert ledger.get_rows("mem0", "default", ["h1"])["h1"].labels == ("finance", "legal-hold")
+    r = client.put("/memories/h1", headers={"X-API-Key": key}, json={"text": "contract", "metadata": {"mw_labels": "finance"}})
+    assert r.status_code == 403 and "redistribute" in r.json()["message"], r.text
+    assert sent[-1].method == "POST"  # nothing forwarded
+    r = client.put("/memories/h1", headers={"X-API-Key": key}, json={"text": "contract v2"})
+    assert r.status_code == 200, r.text                     # the content is updatable; the labels stay
+    r = client.put("/memories/h1", headers={"X-API-Key": keeper}, json={"metadata": {"mw_labels": "finance"}})
+    assert r.status_code == 200, r.text
+    assert json.loads(sent[-1].content)["metadata"]["mw_labels"] == ["finance"]
+    assert ledger.get_rows("mem0", "default", ["h1"])["h1"].labels == ("finance",)
