@@ -81,6 +81,7 @@ MIGRATION_4_PARTITIONS = """
 # key; existing keys have none. The agents table already had the column (its roles follow the newest key).
 MIGRATION_5_ROLES = """
     ALTER TABLE api_keys ADD COLUMN roles TEXT NOT NULL DEFAULT '[]';
+"""
 # Version 6: adopted rows (`memwarden adopt`). A backend that lists rows by its own entity ids (Mem0's
 # agent_id/user_id/run_id) keeps, per tenant, the ids under which that tenant's adopted rows are found.
 MIGRATION_6_LISTING_KEYS = """
