@@ -477,6 +477,17 @@ def bench_gatemem(
     typer.echo(f"run directory: {run_dir}")
 
 
+@bench.command("gatemem-report")
+def bench_gatemem_report(run_dir: Path = typer.Argument(..., help="a run directory of memwarden bench gatemem")) -> None:
+    """Recompute summary.md/json and the plots of a GateMem run from its records.jsonl and summary.json."""
+    from sidecar.bench.gatemem import report
+
+    if not (run_dir / "records.jsonl").exists() or not (run_dir / "summary.json").exists():
+        console.print(f"[red]{run_dir} has no records.jsonl and summary.json[/red]")
+        raise typer.Exit(2)
+    typer.echo(report.render(run_dir, report.load(run_dir)).read_text(encoding="utf-8"))
+
+
 @app.command()
 def stack(
     workdir: Path = typer.Option(Path(".memwarden/stack"), help="Chroma data, ledger and logs"),
