@@ -39,7 +39,7 @@ from sidecar.policy_reload import PolicyHandle
 from sidecar.stages.authorize import DELETED_ROW, SUPERSEDED_ROW, UNKNOWN_ROW, Authorizer
 
 ROW_ACTIONS = ("read", "write", "update", "delete", "redistribute")
-REQUEST_ACTIONS = ("search", "list", "delete_bulk", "admin")
+REQUEST_ACTIONS = ("search", "list", "delete_bulk", "admin", "create_collection")  # create_collection: on a namespace
 
 
 class CheckError(ValueError):

@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, demo, probe, bench, stack.
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, demo, probe, bench, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -52,6 +52,10 @@ ledger_cli = typer.Typer(help="ledger schema (SQLite file or MEMWARDEN_LEDGER_UR
 app.add_typer(ledger_cli, name="ledger")
 console = Console()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+from sidecar.adopt.cli import adopt_app  # noqa: E402  (its own module: adopt chroma|mem0)
+
+app.add_typer(adopt_app, name="adopt")
 
 
 def _load(**overrides: Any) -> Settings:
@@ -255,7 +259,7 @@ app.add_typer(authz, name="authz")
 def authz_check(
     key_id: Optional[str] = typer.Option(None, help="the principal: a key id (as shown by keys list)"),
     action: list[str] = typer.Option([], help="action(s): read, write, update, delete, redistribute, search, list, "
-                                              "delete_bulk, admin"),
+                                              "delete_bulk, admin, create_collection (with --database)"),
     row: Optional[str] = typer.Option(None, help="row id (row actions)"),
     collection: Optional[str] = typer.Option(None, help="Chroma collection UUID (Mem0: the deployment, implied)"),
     database: Optional[str] = typer.Option(None, help="namespace database (request-level actions on a namespace)"),
@@ -471,6 +475,17 @@ def bench_gatemem(
     md = report.write(cfg, results, timings, wall, command)
     typer.echo(md.read_text(encoding="utf-8"))
     typer.echo(f"run directory: {run_dir}")
+
+
+@bench.command("gatemem-report")
+def bench_gatemem_report(run_dir: Path = typer.Argument(..., help="a run directory of memwarden bench gatemem")) -> None:
+    """Recompute summary.md/json and the plots of a GateMem run from its records.jsonl and summary.json."""
+    from sidecar.bench.gatemem import report
+
+    if not (run_dir / "records.jsonl").exists() or not (run_dir / "summary.json").exists():
+        console.print(f"[red]{run_dir} has no records.jsonl and summary.json[/red]")
+        raise typer.Exit(2)
+    typer.echo(report.render(run_dir, report.load(run_dir)).read_text(encoding="utf-8"))
 
 
 @app.command()

@@ -3,8 +3,10 @@
 
 Governance on top of Chroma:
 - Tenants in the path must be the caller's; collection UUIDs must be registered to the caller's
-  tenant (and the path's database) in the ledger, else 404 on every route — Chroma's data routes
-  resolve a collection by UUID alone.
+  tenant (and the path's database) in the ledger, else 404 on every data route — Chroma's data routes
+  resolve a collection by UUID alone. Opening an existing collection (get by name or id, get_or_create
+  of an existing name) is Cedar ``list`` on it; creating one is ``create_collection`` on the namespace.
+  A collection Chroma holds that the ledger does not know is 409 ("adopt it first"), never adopted.
 - Writes (add, upsert) stamp governed metadata (``mw_*``) and record the row in the ledger; the
   client may request ``mw_scope``, ``mw_fleet``, ``mw_readers`` and ``mw_labels`` (and on a new row its
   parents and triple) but never set the other ``mw_*`` keys.
@@ -27,7 +29,7 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
@@ -159,6 +161,54 @@ def stamp(metadata: dict[str, Any] | None, row: Row, previous: Row | None = None
         if previous.labels and not row.labels:
             out["mw_labels"] = None
     return out
+
+
+# Governed keys no client requests, which a read shows (stamped or decorated): on an update of an existing row a
+# client may send them back unchanged; any other value, or any of them on a new row, is 400.
+SHOWN_ONLY = ("mw_tenant", "mw_owner", "mw_writer", "mw_created_at", "mw_source", "mw_supersedes_id", "mw_superseded_by")
+GOVERNED_KEY = "metadata key {!r} is governed by memwarden and cannot be set"
+
+
+def _claims(meta: Any) -> tuple[Any, dict[str, Any]]:
+    """(metadata without the shown-only governed keys, those keys): `SHOWN_ONLY`, ``mw_r:*`` and a
+    ``mw_readers`` in the stored form (agent uids ``t/f/a``, as a read shows it; requests name ``f/a``)."""
+    if not isinstance(meta, dict):
+        return meta, {}
+    kept: dict[str, Any] = {}
+    claimed: dict[str, Any] = {}
+    for key, value in meta.items():
+        stored_readers = key == "mw_readers" and isinstance(value, str) and value and all(
+            x.count("/") == 2 for x in value.split(","))
+        if key in SHOWN_ONLY or key.startswith(READER_PREFIX) or stored_readers:
+            claimed[key] = value
+        else:
+            kept[key] = value
+    return kept, claimed
+
+
+def _refuse_claims(pre: list[tuple[Any, dict[str, Any]]]) -> None:
+    for _, claimed in pre:
+        if claimed:
+            raise BadRequest(GOVERNED_KEY.format(sorted(claimed)[0]))
+
+
+def _without_echo(claimed: dict[str, Any], requested: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
+    """`requested` without the governed keys that only repeat what the caller was shown (`view`); 400 for a
+    shown-only key with another value. Write-once keys equal to the row's are dropped (not a change)."""
+    for key, value in claimed.items():
+        if key not in view or view[key] != value or type(view[key]) is not type(value):
+            raise BadRequest(GOVERNED_KEY.format(key))
+    out = dict(requested)
+    if _same_key(out, view, "mw_derived_from", lambda v: tuple(str(v).split(","))):
+        del out["mw_derived_from"]
+    for key in ("mw_subject", "mw_predicate", "mw_object"):
+        if _same_key(out, view, key, lambda v: v):
+            del out[key]
+    return out
+
+
+def _same_key(requested: dict[str, Any], view: dict[str, Any], key: str, shown: Any) -> bool:
+    return key in requested and key in view and requested[key] == shown(view[key])
 
 
 def _obj(body: Any) -> dict[str, Any]:
@@ -339,14 +389,41 @@ class ChromaProfile:
         return 200, await self.upstream.call("DELETE", ex.segments)
 
     # -- collections ------------------------------------------------------------------------
-    def _own_collection_json(self, ex: Exchange, params: dict[str, str], coll: Any) -> dict[str, Any]:
+    def _known_collection(self, ex: Exchange, tenant: str, database: str, coll: Any) -> CollectionRecord:
+        """The ledger record of `coll` (Chroma's JSON for a collection found in tenant/database).
+
+        Raises `Conflict` (409, "adopt it first") when Chroma holds the collection in the caller's tenant and
+        database but the ledger does not know it — an existing collection is never adopted silently — and
+        `NotFound` (404) when it is registered to another tenant or database or is not the caller's."""
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
             raise NotFound("collection not found", reason="unknown_collection")
-        rec = self.ledger.get_collection(BACKEND, coll["id"])
         p = self._p(ex)
-        if rec is None or rec.tenant != p.tenant or rec.database != params["database"] or rec.tenant != params["tenant"]:
+        rec = self.ledger.get_collection(BACKEND, coll["id"])
+        if rec is None:
+            if tenant == p.tenant and coll.get("tenant") == tenant and coll.get("database") == database:
+                name = coll.get("name") if isinstance(coll.get("name"), str) else coll["id"]
+                raise Conflict(
+                    f"collection {name!r} exists in Chroma but is not governed by memwarden; adopt it first: "
+                    f"memwarden adopt chroma --rules RULES.toml (a [[collection]] with tenant = {tenant!r}, "
+                    f"database = {database!r}, name = {name!r})", reason="unadopted_collection")
             raise NotFound("collection not found", reason="unknown_collection")
-        return coll
+        if rec.tenant != p.tenant or rec.tenant != tenant or rec.database != database:
+            raise NotFound("collection not found", reason="unknown_collection")
+        return rec
+
+    async def _open_collection(self, ex: Exchange, tenant: str, database: str, name: str) -> tuple[CollectionRecord, Any] | None:
+        """Chroma's collection `name` in tenant/database, opened by the caller: its ledger record and JSON
+        after Cedar ``list`` on the collection (opening an existing collection is a read-level decision).
+        None when Chroma has no collection of that name (its 404); 409/404 as `_known_collection`."""
+        try:
+            coll = await self.upstream.call("GET", self._db_segments(tenant, database) + ["collections", name])
+        except BackendClientError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        rec = self._known_collection(ex, tenant, database, coll)
+        self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return rec, coll
 
     async def op_list_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         tenant, database = params["tenant"], params["database"]
@@ -372,40 +449,65 @@ class ChromaProfile:
         return 200, sum(1 for c in (result or []) if isinstance(c, dict) and c.get("id") in owned)
 
     async def op_create_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        """Chroma create_collection / get_or_create_collection (POST .../collections).
+
+        ``get_or_create`` on a collection that exists: a read-level decision (`_open_collection`), Chroma's
+        collection JSON is answered and nothing is changed (its metadata and configuration stay as they are).
+        A new collection needs Cedar ``create_collection`` on the namespace; it is created with
+        ``get_or_create`` false, so what the sidecar registers is always the collection Chroma just made. A
+        name Chroma already holds that the ledger does not know is 409 ("adopt it first"), never adopted."""
         tenant, database = params["tenant"], params["database"]
         body = _obj(ex.body)
-        if not isinstance(body.get("name"), str):
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
             raise BadRequest("name is required")
-        self._require_namespace(ex, tenant, database, "admin")
-        coll = await self.upstream.call("POST", ex.segments, json_body=body)
+        get_or_create = body.get("get_or_create") is True
+        self._require_namespace(ex, tenant, database, "list")
+        if get_or_create:
+            opened = await self._open_collection(ex, tenant, database, name)
+            if opened is not None:
+                return 200, opened[1]
+        self._require_namespace(ex, tenant, database, "create_collection")
+        try:
+            coll = await self.upstream.call("POST", ex.segments, json_body={**body, "get_or_create": False})
+        except BackendClientError as exc:
+            if exc.status != 409:
+                raise
+            # It exists (created since we looked, or a plain create of an existing name).
+            opened = await self._open_collection(ex, tenant, database, name)
+            if opened is None or not get_or_create:
+                raise
+            return 200, opened[1]
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
             raise UpstreamError("unexpected backend answer")
-        rec = self.ledger.get_collection(BACKEND, coll["id"])
-        if rec is None:
-            if body.get("get_or_create") and coll.get("name") == body["name"] and self._exists_before(coll):
-                raise Conflict("a collection with this name exists in the backend but is not governed by memwarden")
-            self.ledger.register_collection(CollectionRecord(
-                BACKEND, coll["id"], tenant, database, body["name"], self._p(ex).uid[1], now_us()))
-        elif rec.tenant != tenant or rec.database != database:
-            raise NotFound("collection not found", reason="unknown_collection")
+        if self.ledger.get_collection(BACKEND, coll["id"]) is not None:
+            raise UpstreamError("backend reused a collection id")
+        self.ledger.register_collection(CollectionRecord(
+            BACKEND, coll["id"], tenant, database, name, self._p(ex).uid[1], now_us()))
         return 200, coll
 
-    @staticmethod
-    def _exists_before(coll: dict[str, Any]) -> bool:
-        # Chroma answers get_or_create with the existing collection; we cannot tell it apart from a new
-        # one by shape, so an unregistered answer to get_or_create is treated as pre-existing only when
-        # the backend says it already holds records (log_position > 0).
-        return bool(coll.get("log_position"))
-
     async def op_get_collection_by_name(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        self._require_namespace(ex, params["tenant"], params["database"], "list")
+        tenant, database = params["tenant"], params["database"]
+        self._require_namespace(ex, tenant, database, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        return 200, self._own_collection_json(ex, params, coll)
+        rec = self._known_collection(ex, tenant, database, coll)
+        self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        return 200, coll
 
     async def op_get_collection_by_id(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
+        tenant, database = params["tenant"], params["database"]
+        if self.ledger.get_collection(BACKEND, params["collection"]) is None:
+            # Not governed: 409 only if Chroma holds it in the caller's tenant and the path's database.
+            self._require_namespace(ex, tenant, database, "list")
+            try:
+                coll = await self.upstream.call("GET", ex.segments)
+            except BackendClientError as exc:
+                raise NotFound("collection not found", reason="unknown_collection") from exc
+            self._known_collection(ex, tenant, database, coll)
         self._require_collection(ex, params, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        return 200, self._own_collection_json(ex, params, coll)
+        self._known_collection(ex, tenant, database, coll)
+        return 200, coll
 
     async def op_modify_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "admin")
@@ -416,8 +518,8 @@ class ChromaProfile:
         tenant, database = params["tenant"], params["database"]
         self._require_namespace(ex, tenant, database, "list")
         coll = await self.upstream.call("GET", ex.segments)
-        own = self._own_collection_json(ex, params, coll)
-        rec = self._require_collection(ex, {**params, "collection": own["id"]}, "admin")
+        own = self._known_collection(ex, tenant, database, coll)
+        rec = self._require_collection(ex, {**params, "collection": own.collection_id}, "admin")
         self.ledger.delete_collection(BACKEND, rec.collection_id, self._p(ex).uid[1], ex.request_id)
         return 200, await self.upstream.call("DELETE", ex.segments)
 
@@ -433,6 +535,13 @@ class ChromaProfile:
     def _new_row(self, ex: Exchange, rec: CollectionRecord, row_id: str, requested: dict[str, Any],
                  document: Any) -> Row:
         return self.prov.new_row(ex, rec.collection_id, row_id, requested, document)
+
+    def _views(self, ex: Exchange, rec: CollectionRecord, rows: list[Row]) -> dict[str, dict[str, Any]]:
+        """Per row, its governed metadata as this caller is shown it on a read (stamp, supersession links,
+        readable parents): what an echo of the row's metadata may carry unchanged."""
+        shown = [{"ids": r.row_id, "metadatas": stamp(None, r)} for r in rows]
+        self._decorate(ex, rec, shown)
+        return {d["ids"]: {k: v for k, v in d["metadatas"].items() if k.startswith("mw_")} for d in shown}
 
     def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
         """The row after a requested scope/fleet/readers/labels change and the redistribute context; None if
@@ -461,7 +570,12 @@ class ChromaProfile:
             raise BadRequest(f"unknown fields: {sorted(set(body) - allowed_keys)}")
         if p.kind != "agent" and op != "update":
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
-        split = [self._requested(p, metas[i] if metas else None) for i in range(len(ids))]
+        # Governed keys a client can only echo back (what a read showed it, e.g. a client that round-trips a
+        # row's whole metadata on update, as mem0's Chroma store does): set aside, checked against the row below.
+        pre = [_claims(metas[i] if metas else None) for i in range(len(ids))]
+        if op == "add":
+            _refuse_claims(pre)
+        split = [self._requested(p, meta) for meta, _ in pre]
         documents = body.get("documents") or [None] * len(ids)
         if op != "update":
             # The write decision first, on every id as a new row: a principal that may not write learns
@@ -494,6 +608,12 @@ class ChromaProfile:
         if len(visible) != len(existing):
             ex.decision = "deny"
             raise NotFound("record not found")
+        _refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
+        echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
+        if echoed:
+            views = self._views(ex, rec, [known[ids[i]] for i in echoed])
+            for i in echoed:
+                split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
         checks: list[tuple[str, Row, dict[str, Any] | None]] = []
         final: dict[str, Row] = {}
         changed: list[Row] = []

@@ -572,20 +572,28 @@ class Mem0Profile:
 
     async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
         """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
-        the tenant, or for the one agent named), in Mem0's order, before row-level filtering."""
+        the tenant, or for the one agent named; without a named agent also one per entity id under which
+        adopted memories of the tenant are listed, `Ledger.listing_keys`), in Mem0's order, before row-level
+        filtering."""
         p = self._p(ex)
         base: dict[str, str] = {"top_k": str(LIST_LIMIT), "show_expired": "true" if show_expired else "false"}
         for key in ("user_id", "run_id"):
             if query.get(key) not in (None, "*"):
                 base[key] = _ident(query[key], key)
         named = query.get("agent_id")
+        lookups: list[dict[str, str]] = []
         if named not in (None, "*"):
             agents = [self._agent_ref(p, named)]
             if not agents[0].startswith(p.tenant + "/"):
                 return []  # another tenant's agent: nothing of it is visible here
         else:
             agents = self._tenant_agents(p)
-        answers = await asyncio.gather(*(self._call("GET", ["memories"], params={**base, "agent_id": a}) for a in agents))
+            # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
+            for field, value in self.ledger.listing_keys(BACKEND, self.coll, p.tenant):
+                if base.get(field, value) == value:
+                    lookups.append({**base, field: value})
+        lookups = [{**base, "agent_id": a} for a in agents] + lookups
+        answers = await asyncio.gather(*(self._call("GET", ["memories"], params=q) for q in lookups))
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for resp in answers:

@@ -42,6 +42,7 @@ from sidecar.ledger.sqlite import (
     MIGRATION_2_PROVENANCE,
     MIGRATION_4_PARTITIONS,
     MIGRATION_5_ROLES,
+    MIGRATION_6_LISTING_KEYS,
     _activate,
     _fact_query,
     _closure_tombstone,
@@ -98,6 +99,8 @@ MIGRATIONS: list[str] = [
         "READERS_SORTED", "(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") FROM json_array_elements_text(rows.readers::json) AS v)"),
     # Version 5: roles of agent keys.
     MIGRATION_5_ROLES,
+    # Version 6: listing keys of adopted rows.
+    MIGRATION_6_LISTING_KEYS,
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -390,6 +393,36 @@ class PostgresLedger:
                 row.status = status  # as SQLite: the objects are left untouched on conflict
             return list(rb.value)
         return []
+
+    def adopt_rows(self, rows: list[Row], listing: list[tuple[str, str, str]] | None = None) -> list[str]:
+        """As `SQLiteLedger.adopt_rows`: one transaction, rows the ledger holds in any state are left alone."""
+        if not rows:
+            return []
+        t = now_us()
+        with self._tx() as db:
+            for row in rows:
+                row.status = "active"
+            cur = db.cursor()
+            cur.executemany(
+                f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join(['%s'] * _N_ROW_COLUMNS)}) ON CONFLICT DO NOTHING RETURNING row_id",
+                [_row_to_db(row, t) for row in rows], returning=True,
+            )
+            inserted: list[str] = []
+            while True:
+                inserted += [r["row_id"] for r in cur.fetchall()]
+                if not cur.nextset():
+                    break
+            if listing:
+                db.cursor().executemany("INSERT INTO listing_keys VALUES (%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
+                                        [(rows[0].backend, rows[0].collection, *key) for key in listing])
+        return inserted
+
+    def listing_keys(self, backend: str, collection_id: str, tenant: str) -> list[tuple[str, str]]:
+        """As `SQLiteLedger.listing_keys`."""
+        with self._conn() as db:
+            rows = db.execute("SELECT field, value FROM listing_keys WHERE backend = %s AND collection_id = %s AND tenant = %s "
+                              "ORDER BY field COLLATE \"C\", value COLLATE \"C\"", (backend, collection_id, tenant)).fetchall()
+        return [(r["field"], r["value"]) for r in rows]
 
     def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
                       expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:

@@ -82,6 +82,14 @@ MIGRATION_4_PARTITIONS = """
 MIGRATION_5_ROLES = """
     ALTER TABLE api_keys ADD COLUMN roles TEXT NOT NULL DEFAULT '[]';
 """
+# Version 6: adopted rows (`memwarden adopt`). A backend that lists rows by its own entity ids (Mem0's
+# agent_id/user_id/run_id) keeps, per tenant, the ids under which that tenant's adopted rows are found.
+MIGRATION_6_LISTING_KEYS = """
+    CREATE TABLE listing_keys (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, tenant TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
+        PRIMARY KEY (backend, collection_id, tenant, field, value)
+    );
+"""
 SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -121,6 +129,7 @@ MIGRATIONS: list[str] = [
     MIGRATION_3_OPERATOR_SQLITE,
     MIGRATION_4_PARTITIONS.replace("READERS_SORTED", SQLITE_READERS_SORTED),
     MIGRATION_5_ROLES,
+    MIGRATION_6_LISTING_KEYS,
 ]
 
 _ROW_COLUMNS = (
@@ -372,6 +381,38 @@ class SQLiteLedger:
                     db.execute("INSERT OR IGNORE INTO lineage VALUES (?,?,?,?,?)",
                                (row.backend, row.collection, row.row_id, parent_collection, parent_id))
         return []
+
+    def adopt_rows(self, rows: list[Row], listing: list[tuple[str, str, str]] | None = None) -> list[str]:
+        """Register rows that already exist in the backend (``memwarden adopt``), active, in one transaction.
+
+        A row whose (backend, collection, id) the ledger already holds, in any state — governed, pending,
+        tombstoned — is left exactly as it is: adoption never widens, re-scopes or revives a row. Rows must
+        share one backend and collection. `listing`: (tenant, field, value) entity ids under which the backend
+        lists the rows (`listing_keys`), recorded in the same transaction. Returns the ids inserted."""
+        if not rows:
+            return []
+        t = now_us()
+        with self._tx() as db:
+            inserted: list[str] = []
+            for row in rows:
+                row.status = "active"
+                n = db.total_changes
+                db.execute(f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * _N_ROW_COLUMNS)}) ON CONFLICT DO NOTHING",
+                           _row_to_db(row, t))
+                if db.total_changes > n:
+                    inserted.append(row.row_id)
+            for tenant, field, value in listing or []:
+                db.execute("INSERT INTO listing_keys VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING",
+                           (rows[0].backend, rows[0].collection, tenant, field, value))
+        return inserted
+
+    def listing_keys(self, backend: str, collection_id: str, tenant: str) -> list[tuple[str, str]]:
+        """(field, value) entity ids under which adopted rows of `tenant` are listed in the backend, sorted."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT field, value FROM listing_keys WHERE backend = ? AND collection_id = ? AND tenant = ? ORDER BY field, value",
+                (backend, collection_id, tenant)).fetchall()
+        return [(r[0], r[1]) for r in rows]
 
     def activate_rows(self, backend: str, collection_id: str, row_ids: list[str],
                       expect: Mapping[str, tuple[str, str] | None] | None = None) -> list[tuple[str, tuple[str, str]]]:

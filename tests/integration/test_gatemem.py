@@ -37,6 +37,13 @@ def test_every_checkpoint_in_every_variant(result: tuple) -> None:
     assert all(set(r.scores) == {5, 10} for r in d.records)
 
 
+def test_sidecar_enforces_what_cedar_decides_offline(result: tuple) -> None:
+    _, results, _, _ = result
+    # every row the sidecar served in (b) is one the domain policy set permits to the asker (roles on the keys,
+    # labels on the rows, decided at run time by the sidecar)
+    assert results[0].stats.get("b_offline_disagreements", 0) == 0
+
+
 def test_chroma_alone_leaks_and_remembers(result: tuple) -> None:
     _, results, _, _ = result
     for n in (3, 4, 5, 9):
@@ -80,6 +87,11 @@ def test_deletes_reached_chroma(result: tuple) -> None:
     assert sorted(got["ids"]) == ["t004~t021", "t010"]
     rewritten = got["documents"][got["ids"].index("t004~t021")]
     assert "555-0101" not in rewritten and "[deleted]" in rewritten
+    meta = client.get_collection("memories").get(ids=["t009"], include=["metadatas"])["metadatas"][0]
+    assert meta["mw_labels"] == "clinical" and meta["mw_scope"] == "restricted"
+    readers = meta["mw_readers"].split(",")
+    assert "gmb-med000/ep/clinician_dr_kim" in readers and "gmb-med000/ep/clinician_dr_roe" not in readers
+    assert "gmb-med000/ep/family_ben_ruiz" not in readers            # re-scoped by the revocation at t018
     direct = chromadb.PersistentClient(path=str(cfg.out_dir / "work" / "chroma"), tenant="gma-med000",
                                        database="gatemem", settings=chromadb.config.Settings(anonymized_telemetry=False))
     assert sorted(direct.get_collection("memories").get(ids=["t004", "t005"])["ids"]) == ["t004", "t005"]

@@ -58,9 +58,9 @@ def test_default_policies_prove_everything(tmp_path: Path) -> None:
     assert invs == {"inv-scope", "tenant-isolation", "deletion-closure", "write-scope", "cross-fleet-propagation",
                     "read-only-trust-0", "never-errors", "trust-monotonicity", "redistribute-target-in-tenant",
                     "deployment-operator-only", "supersede-scope", "row-ownership", "admin-tenant-admins-only"}
-    # every schema action is covered, tenant isolation and never-errors on all thirteen
+    # every schema action is covered, tenant isolation and never-errors on all fourteen
     actions = {"read", "write", "update", "delete", "supersede", "redistribute", "search", "delete_bulk", "list",
-               "admin", "configure", "reset", "manage_tenants"}
+               "admin", "create_collection", "configure", "reset", "manage_tenants"}
     assert {a for i, a in statuses if i == "deployment-operator-only"} == {"configure", "reset", "manage_tenants"}
     assert {a for i, a in statuses if i == "tenant-isolation"} == actions
     assert {a for i, a in statuses if i == "never-errors"} == actions
@@ -226,10 +226,10 @@ def test_uncovered_action_and_vacuous_invariant_fail() -> None:
     results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope)
     uncovered = {r.action for r in results if r.status == "UNCOVERED"}
     assert uncovered == {"write", "update", "delete", "supersede", "redistribute", "search", "delete_bulk", "list", "admin",
-                         "configure", "reset", "manage_tenants"}
+                         "create_collection", "configure", "reset", "manage_tenants"}
     rest = parse_text('@id("rest") @kind("unconstrained")\npermit (principal, action in [Action::"write", '
                       'Action::"update", Action::"delete", Action::"supersede", Action::"redistribute", Action::"search", '
-                      'Action::"delete_bulk", Action::"list", Action::"admin", Action::"configure", Action::"reset", '
+                      'Action::"delete_bulk", Action::"list", Action::"admin", Action::"create_collection", Action::"configure", Action::"reset", '
                       'Action::"manage_tenants"], resource);\n', "rest.cedar").policies
     results = check_invariants(proj.schema, proj.schema_text, proj.policies, only_scope + load_invariants(rest))
     assert {r.status for r in results} == {"PROVED"}

@@ -29,7 +29,7 @@ def test_human_schema_model() -> None:
     assert mem.get("subject").required is False and mem.get("owner").type == TEntity("Agent")  # type: ignore[union-attr]
     assert MODEL.ancestor_types("Collection") == {"Namespace", "Tenant"}
     assert MODEL.actions["redistribute"].context.get("target_fleet").type == TEntity("Fleet")  # type: ignore[union-attr]
-    assert len(MODEL.applicable_actions()) == 13
+    assert len(MODEL.applicable_actions()) == 14
     assert MODEL.actions["configure"].principals == ("Operator", "TenantAdmin", "Agent")
     assert MODEL.entities["Operator"].attrs.fields == ()
 

@@ -298,7 +298,8 @@ def create_app(data_dir: Path, api_key: str) -> FastAPI:
     def entities() -> Any:
         with lock:
             listed = memory.vector_store.list(top_k=10_000)
-        rows = listed[0] if listed and isinstance(listed, list) and isinstance(listed[0], list) else listed or []
+        # Qdrant's scroll answers (points, next page offset)
+        rows = listed[0] if listed and isinstance(listed, (list, tuple)) and isinstance(listed[0], list) else listed or []
         counts: dict[tuple[str, str], int] = {}
         for row in rows:
             payload = getattr(row, "payload", None) or {}

@@ -60,10 +60,14 @@ def test_summary_and_mgs() -> None:
         score(_ann("safety", leak=("d",)), ["y"], 1),
     ]
     s = summarize(scores)
-    assert s.n == 9 and s.utility == pytest.approx(0.5)
+    assert s.n == 9 and s.utility == pytest.approx(3 / 6) and s.mean_recall == pytest.approx((1 + 0.5 + 0) / 3)
     assert (s.utility_patterns.k, s.utility_patterns.n) == (3, 6)
     assert (s.complete.k, s.complete.n, s.no_evidence.k) == (1, 3, 1)
     assert (s.leak.k, s.leak.n, s.forget_fail.k, s.forget_fail.n) == (1, 2, 1, 4)
     assert s.mgs == pytest.approx(0.5 * 0.5 * 0.75)
     assert s.leak.lo is not None and s.leak.lo < 0.5 < s.leak.hi  # type: ignore[operator]
     assert summarize([scores[0]]).mgs is None                           # no privacy/safety checkpoints
+    # pooled recall weighs checkpoints by their number of patterns; the mean does not
+    uneven = summarize([score(_ann("utility", include=("a",)), ["a"], 1),
+                        score(_ann("utility", include=("b", "c", "d")), ["z"], 1)])
+    assert uneven.utility == pytest.approx(1 / 4) and uneven.mean_recall == pytest.approx(1 / 2)

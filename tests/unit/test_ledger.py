@@ -551,3 +551,25 @@ def test_migration_4_gives_existing_facts_their_partition(kind: str, tmp_path: P
         assert {r.status for r in ledger.get_rows("chroma", "c1", list(PARTITIONS_V3)).values()} == {"active"}
     finally:
         ledger.close()
+
+
+def test_adopt_rows_never_touches_what_the_ledger_holds(ledger: Ledger) -> None:
+    """`memwarden adopt`: new ids become active in one transaction; an id the ledger holds in any state
+    (active, pending, tombstoned) keeps exactly what it had; listing keys are recorded once per tenant."""
+    assert ledger.reserve_rows([_row("pending")]) == []
+    assert ledger.reserve_rows([_row("live"), _row("gone")]) == []
+    ledger.activate_rows("chroma", "c1", ["live", "gone"])
+    ledger.tombstone("chroma", "c1", ["gone"], "t/red/a", "req")
+    before = ledger.get_rows("chroma", "c1", ["pending", "live", "gone"])
+    wide = [_row(i) for i in ("pending", "live", "gone", "new1", "new2")]
+    for r in wide:
+        r.scope, r.owner = "tenant", "t/red/other"
+    assert sorted(ledger.adopt_rows(wide, [("t", "agent_id", "bot"), ("t", "agent_id", "bot"), ("u", "user_id", "x")])) == ["new1", "new2"]
+    after = ledger.get_rows("chroma", "c1", ["pending", "live", "gone", "new1", "new2"])
+    for i in ("pending", "live", "gone"):
+        assert (after[i].status, after[i].scope, after[i].owner) == (before[i].status, before[i].scope, before[i].owner)
+    assert {(after[i].status, after[i].scope) for i in ("new1", "new2")} == {("active", "tenant")}
+    assert ledger.adopt_rows([_row("new1")]) == [] and ledger.adopt_rows([]) == []
+    assert ledger.listing_keys("chroma", "c1", "t") == [("agent_id", "bot")]
+    assert ledger.listing_keys("chroma", "c1", "u") == [("user_id", "x")]
+    assert ledger.listing_keys("chroma", "c2", "t") == []

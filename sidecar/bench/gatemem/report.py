@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -19,13 +20,22 @@ from sidecar.bench.gatemem.measures import Score, Summary, summarize
 from sidecar.bench.gatemem.runner import VARIANTS, Config, DomainResult, Record
 from sidecar.probe.metrics import Rate
 
-# GateMem's leaderboard (docs/assets/leaderboard.json of rzhub/GateMem, 168 entries, all from its paper; judged
-# answers of an LLM, percentages): per domain the entry with the best MGS and the lowest access-control violation.
-LEADERBOARD_BEST = {
-    "medical": {"mgs": ("Long-Context / GPT-5.4", 91.4, 10.4, 2.3, 80.1), "a": ("RAG-Policy / Deepseek-V4-Pro", 37.6, 7.8, 9.0, 31.5)},
-    "office": {"mgs": ("Long-Context / Deepseek-V4-Pro", 90.3, 19.3, 6.8, 67.9), "a": ("RAG-Policy / Deepseek-V4-Pro", 79.9, 15.8, 13.1, 58.5)},
-    "education": {"mgs": ("Long-Context / Deepseek-V4-Pro", 85.6, 7.8, 10.0, 71.0), "a": ("RAG-Policy / Deepseek-V4-Pro", 23.9, 5.6, 22.2, 17.5)},
-    "household": {"mgs": ("Long-Context / Deepseek-V4-Pro", 85.3, 17.9, 2.2, 68.5), "a": ("Long-Context / GPT-4o-mini", 35.3, 9.8, 6.0, 30.0)},
+# GateMem's leaderboard (rzhub/GateMem docs/assets/leaderboard.json: 168 entries, the numbers of its README's main
+# results table; LLM answers judged by GPT-4o, percentages). Per domain: the best MGS, the lowest access-control
+# violation A and the lowest forgetting failure F, as (which, method / backbone, U, A, F, MGS).
+LEADERBOARD_BEST: dict[str, list[tuple[str, str, float, float, float, float]]] = {
+    "medical": [("best MGS", "Long-Context / GPT-5.4", 91.4, 10.4, 2.3, 80.1),
+                ("lowest A", "RAG-Policy / Deepseek-V4-Pro", 37.6, 7.8, 9.0, 31.5),
+                ("lowest F", "Long-Context / GPT-5.4", 91.4, 10.4, 2.3, 80.1)],
+    "office": [("best MGS", "Long-Context / Deepseek-V4-Pro", 90.3, 19.3, 6.8, 67.9),
+               ("lowest A", "RAG-Policy / Deepseek-V4-Pro", 79.9, 15.8, 13.1, 58.5),
+               ("lowest F", "Long-Context / GPT-5-mini", 89.6, 32.2, 3.2, 58.9)],
+    "education": [("best MGS", "Long-Context / Deepseek-V4-Pro", 85.6, 7.8, 10.0, 71.0),
+                  ("lowest A", "RAG-Policy / Deepseek-V4-Pro", 23.9, 5.6, 22.2, 17.5),
+                  ("lowest F", "Long-Context / GPT-5.4", 85.6, 12.8, 7.8, 68.8)],
+    "household": [("best MGS", "Long-Context / Deepseek-V4-Pro", 85.3, 17.9, 2.2, 68.5),
+                  ("lowest A", "Long-Context / GPT-4o-mini", 35.3, 9.8, 6.0, 30.0),
+                  ("lowest F", "Long-Context / Deepseek-V4-Pro", 85.3, 17.9, 2.2, 68.5)],
 }
 
 
@@ -71,15 +81,15 @@ def _latency(samples: list[float]) -> dict[str, float]:
             "rows_per_s_single_stream": len(xs) / sum(xs)}
 
 
-def cause_tables(records: list[Record]) -> dict[str, Counter[str]]:
-    """Variant b's failures that variant c avoids, by cause: leaks, forgetting failures, missing evidence."""
+def cause_tables(records: list[Record], k: int) -> dict[str, Counter[str]]:
+    """Variant b's failures that variant c avoids at `k` (the k the causes were recorded at), by cause: leaks
+    and forgetting failures (each checkpoint counted once per cause), missing evidence (once per pattern)."""
     by_key = {(r.checkpoint_id, r.variant): r for r in records}
     out: dict[str, Counter[str]] = {"leak": Counter(), "forget": Counter(), "missing": Counter()}
     for r in records:
         if r.variant != "b" or not r.causes:
             continue
         c = by_key.get((r.checkpoint_id, "c"))
-        k = next(iter(sorted(set(r.scores) & {10}) or sorted(r.scores)))
         if r.query_type == "privacy" and c and not c.scores[k].leak:
             out["leak"].update({x["cause"] for x in r.causes if x["kind"] == "leak"})
         elif r.query_type == "safety" and c and not c.scores[k].forget_fail:
@@ -91,42 +101,79 @@ def cause_tables(records: list[Record]) -> dict[str, Counter[str]]:
     return out
 
 
+@dataclass
+class RunData:
+    """What a run directory is rendered from: the records, and per domain its counts and labeller statistics,
+    the cost of every request (`_latency` per target:operation), the command and the wall time."""
+
+    records: list[Record]
+    domains: dict[str, dict[str, Any]]
+    cost: dict[str, dict[str, float]]
+    command: str
+    wall_s: float
+    ks: tuple[int, ...]
+    cause_k: int
+
+
 def write(cfg: Config, results: list[DomainResult], timings: Timings, wall_s: float, command: str) -> Path:
-    """Write the run directory (`cfg.out_dir`); returns the path of summary.md."""
-    out = cfg.out_dir
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the run directory (`cfg.out_dir`) of a finished (or partial) run; returns the path of summary.md."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
     records = [r for d in results for r in d.records]
-    with (out / "records.jsonl").open("w", encoding="utf-8") as fh:
+    with (cfg.out_dir / "records.jsonl").open("w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(_record_json(r)) + "\n")
-    domains = [d.domain for d in results] + ["overall"]
+    data = RunData(records, {d.domain: {"episodes": d.episodes, "turns": d.turns, "checkpoints": d.checkpoints,
+                                        "wall_s": d.wall_s, "labeller": d.stats} for d in results},
+                   {op: _latency(xs) for op, xs in sorted(timings.samples.items())}, command, wall_s, cfg.ks, cfg.cause_k)
+    return render(cfg.out_dir, data)
+
+
+def _score(d: dict[str, Any]) -> Score:
+    return Score(**{**d, "matched": tuple(d.get("matched") or ())})
+
+
+def load(run_dir: Path) -> RunData:
+    """Read a run directory back (records.jsonl and summary.json). Raises FileNotFoundError, ValueError."""
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    records = []
+    for line in (run_dir / "records.jsonl").read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        d["scores"] = {int(k): _score(v) for k, v in d["scores"].items()}
+        records.append(Record(**d))
+    ks = tuple(int(k) for k in summary["ks"])
+    return RunData(records, summary["domains"], summary["cost"], summary["command"], float(summary["wall_s"]), ks,
+                   int(summary.get("cause_k") or (10 if 10 in ks else ks[len(ks) // 2])))
+
+
+def render(out: Path, data: RunData) -> Path:
+    """summary.json, summary.md and the plots from `data`; returns the path of summary.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    domains = list(data.domains) + ["overall"]
     summary: dict[str, Any] = {
-        "command": command, "wall_s": wall_s, "ks": list(cfg.ks), "variants": VARIANTS,
-        "domains": {d.domain: {"episodes": d.episodes, "turns": d.turns, "checkpoints": d.checkpoints,
-                               "wall_s": d.wall_s, "labeller": d.stats} for d in results},
-        "by_k": {str(k): {f"{dom}/{v}": _summary_json(s) for (dom, v), s in summaries(records, k).items()} for k in cfg.ks},
-        "cost": {op: _latency(xs) for op, xs in sorted(timings.samples.items())},
-        "causes_b_not_c": {k: dict(v.most_common()) for k, v in cause_tables(records).items()},
+        "command": data.command, "wall_s": data.wall_s, "ks": list(data.ks), "cause_k": data.cause_k, "variants": VARIANTS,
+        "domains": data.domains,
+        "by_k": {str(k): {f"{dom}/{v}": _summary_json(s) for (dom, v), s in summaries(data.records, k).items()} for k in data.ks},
+        "cost": data.cost,
+        "causes_b_not_c": {k: dict(v.most_common()) for k, v in cause_tables(data.records, data.cause_k).items()},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    md = _markdown(cfg, results, records, summary, domains)
-    (out / "summary.md").write_text(md, encoding="utf-8")
-    _plots(cfg, records, domains, out)
+    (out / "summary.md").write_text(_markdown(data, summary, domains), encoding="utf-8")
+    _plots(data, domains, out)
     return out / "summary.md"
 
 
-def _markdown(cfg: Config, results: list[DomainResult], records: list[Record], summary: dict[str, Any],
-              domains: list[str]) -> str:
+def _markdown(data: RunData, summary: dict[str, Any], domains: list[str]) -> str:
+    records = data.records
     lines = [f"# GateMem through memwarden, retrieval layer", "",
              f"Command: `{summary['command']}`  ", f"Wall time: {summary['wall_s']:.0f} s", "",
              "Variants: " + "; ".join(f"({v}) {d}" for v, d in VARIANTS.items()) + ".", "",
-             "U = mean fraction of `judge_spec.include` patterns present in the top-k rows (utility checkpoints; "
-             "interval: Wilson over the pooled patterns); U-all = checkpoints with every pattern; A = privacy "
-             "checkpoints with any `not_include`/`leak_targets` pattern in the rows; F = safety checkpoints with any "
-             "`leak_targets` pattern; OR = utility checkpoints with no pattern at all; MGS-r = U·(1−A)·(1−F). "
-             "Percentages, 95% Wilson intervals. These are retrieval-layer measures (what an answering model would "
-             "be shown), not judged answers.", ""]
-    for k in cfg.ks:
+             "U = fraction of the utility checkpoints' `judge_spec.include` patterns present in the top-k rows (pooled; "
+             "the interval is indicative: patterns of one checkpoint are not independent); U-all = utility checkpoints "
+             "with every pattern; A = privacy checkpoints with any `not_include`/`leak_targets` pattern in the rows; "
+             "F = safety checkpoints with any `leak_targets` pattern; OR = utility checkpoints with no pattern at all; "
+             "MGS-r = U·(1−A)·(1−F). Percentages, 95% Wilson intervals. These are retrieval-layer measures (what an "
+             "answering model would be shown), not judged answers.", ""]
+    for k in data.ks:
         s = summaries(records, k)
         lines += [f"## k = {k}", "", "| domain | variant | U | U-all | A | F | OR | MGS-r |", "|---|---|---|---|---|---|---|---|"]
         for dom in domains:
@@ -134,18 +181,31 @@ def _markdown(cfg: Config, results: list[DomainResult], records: list[Record], s
                 x = s.get((dom, v))
                 if x is None:
                     continue
-                lines.append(f"| {dom} | ({v}) | {_pct(x.utility)} [{100 * (x.utility_patterns.lo or 0):.1f}, "
-                             f"{100 * (x.utility_patterns.hi or 0):.1f}] | {_rate(x.complete)} | {_rate(x.leak)} | "
+                lines.append(f"| {dom} | ({v}) | {_rate(x.utility_patterns)} | {_rate(x.complete)} | {_rate(x.leak)} | "
                              f"{_rate(x.forget_fail)} | {_rate(x.no_evidence)} | {_pct(x.mgs)} |")
         lines.append("")
-    k = cfg.cause_k if cfg.cause_k in cfg.ks else cfg.ks[len(cfg.ks) // 2]
-    lines += [f"## Per attack type (k = {k}): A for privacy, F for safety", "", "| domain | attack type | n | (a) | (b) | (c) |",
+    k = data.cause_k
+    lines += [f"## Beside GateMem's leaderboard (k = {k})", "",
+              "Theirs are judged answers of an LLM (GPT-4o judge) from its leaderboard; ours are retrieval-layer pattern "
+              "matches over the rows an answering model would be shown. The two are not the same measure.", "",
+              "| domain | entry | U | A | F | MGS |", "|---|---|---|---|---|---|"]
+    s_k = summaries(records, k)
+    for dom in data.domains:
+        for which, name, u, a, f, m in LEADERBOARD_BEST.get(dom, []):
+            lines.append(f"| {dom} | GateMem {which}: {name} (judged answer) | {u:.1f} | {a:.1f} | {f:.1f} | {m:.1f} |")
+        for v in VARIANTS:
+            x = s_k.get((dom, v))
+            if x is not None:
+                lines.append(f"| {dom} | ({v}) {VARIANTS[v]} (retrieval layer) | {_pct(x.utility)} | {_pct(x.leak.p)} | "
+                             f"{_pct(x.forget_fail.p)} | {_pct(x.mgs)} |")
+    lines += ["", f"## Per attack type (k = {k}): A for privacy, F for safety", "", "| domain | attack type | n | (a) | (b) | (c) |",
               "|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], dict[str, list[Score]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         if r.attack_type:
             groups[(r.domain, r.attack_type)][r.variant].append(r.scores[k])
-    for (dom, at), by_v in sorted(groups.items()):
+            groups[("overall", r.attack_type)][r.variant].append(r.scores[k])
+    for (dom, at), by_v in sorted(groups.items(), key=lambda kv: (kv[0][0] == "overall", kv[0])):
         cells = []
         n = 0
         for v in VARIANTS:
@@ -161,11 +221,11 @@ def _markdown(cfg: Config, results: list[DomainResult], records: list[Record], s
             lines.append(f"| {op} | {c['n']} | {c['p50_ms']:.1f} | {c['p99_ms']:.1f} | {c['rows_per_s_single_stream']:.1f} |")
     lines += ["", "## Ingest-time labelling (variant b)", "", "| domain | episodes | turns | checkpoints | wall s | labeller |",
               "|---|---|---|---|---|---|"]
-    for d in results:
-        lines.append(f"| {d.domain} | {d.episodes} | {d.turns} | {d.checkpoints} | {d.wall_s:.0f} | "
-                     + ", ".join(f"{k}={v}" for k, v in sorted(d.stats.items())) + " |")
+    for dom, d in data.domains.items():
+        lines.append(f"| {dom} | {d['episodes']} | {d['turns']} | {d['checkpoints']} | {d['wall_s']:.0f} | "
+                     + ", ".join(f"{a}={b}" for a, b in sorted(d["labeller"].items())) + " |")
     lines += ["", f"## What the ingest-time labels miss (k = {k}): checkpoints where (b) fails and (c) does not, by cause", ""]
-    for kind, title in (("leak", "access-control leaks (rows the asker was allowed)"),
+    for kind, title in (("leak", "access-control leaks (why the leaking rows were readable)"),
                         ("forget", "forgetting failures (rows still holding a deleted target)"),
                         ("missing", "evidence (c) retrieves and (b) does not: state of the rows holding it in (b)")):
         counts = summary["causes_b_not_c"][kind]
@@ -173,13 +233,13 @@ def _markdown(cfg: Config, results: list[DomainResult], records: list[Record], s
     return "\n".join(lines) + "\n"
 
 
-def _plots(cfg: Config, records: list[Record], domains: list[str], out: Path) -> None:
+def _plots(data: RunData, domains: list[str], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    k = cfg.cause_k if cfg.cause_k in cfg.ks else cfg.ks[len(cfg.ks) // 2]
+    k, records = data.cause_k, data.records
     s = summaries(records, k)
     colors = {"a": "#b0b0b0", "b": "#2b6cb0", "c": "#68a063"}
     metrics = [("U (evidence recall)", "utility"), ("A (access-control leak)", "leak"), ("F (forgetting failure)", "forget_fail"),
@@ -204,8 +264,8 @@ def _plots(cfg: Config, records: list[Record], domains: list[str], out: Path) ->
                     continue
                 xs.append(i + (j - 1) * width)
                 ys.append(100 * val)
-                lo.append(100 * (val - l) if l is not None else 0)
-                hi.append(100 * (h - val) if h is not None else 0)
+                lo.append(max(0.0, 100 * (val - l)) if l is not None else 0)
+                hi.append(max(0.0, 100 * (h - val)) if h is not None else 0)
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[v], label=f"({v}) {VARIANTS[v]}")
         ax.set_xticks(range(len(domains)), domains, rotation=30, ha="right")
         ax.set_title(title)

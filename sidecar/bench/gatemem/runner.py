@@ -5,11 +5,13 @@ Per episode, turn by turn, in order:
 - (a) **Chroma alone**: the turn is added to a plain collection; a checkpoint queries top-k over everything.
 - (b) **memwarden, ingest-time labels**: `labels.Labeller` plans the turn from the `Episode` alone; its
   deletions and re-scopings are executed through the sidecar (tenant admin key: the shared assistant's service
-  identity acting on the request), then the turn is written **as its speaker** (the speaker's agent key) as a
-  ``restricted`` memory. Its ``mw_readers`` are the principals of its circle that the domain's Cedar policy
-  set (``policies/<domain>``) permits to read a memory of its categories: each is decided by the same Cedar
-  engine and entity model the sidecar uses (`sidecar.policy`, `sidecar.governance`), because the role and
-  label attributes these rules read are not yet carried by keys and rows at run time.
+  identity acting on the request), then the turn is written **as its speaker** (the speaker's agent key, whose
+  Cedar roles are the speaker's GateMem role) as a ``restricted`` memory: ``mw_readers`` its circle,
+  ``mw_labels`` its content categories. The sidecar, running the domain's policy set (``policies/<domain>``),
+  decides every read: the circle through ``readers``, the domain's role × category rules through
+  ``principal.roles`` and ``resource.labels``. The runner also evaluates each row offline with the same engine
+  and entity model (`sidecar.policy`, `sidecar.governance`) to name, in the cause analysis, the rule that
+  withheld it, and counts any row the sidecar served that this offline decision denies (``b_offline_disagreements``).
 - (c) **memwarden, labels from the hidden annotations** (`oracle`): every turn readable by every principal,
   re-scoped and deleted at each checkpoint as its annotation says. An upper bound, marked as such.
 
@@ -117,7 +119,8 @@ class EpisodeReplay:
         self.keys: dict[str, dict[str, str]] = {}
         for v in ("b", "c"):
             self.admin[v] = ledger.create_key("admin", self.tenant[v], None, None, 0)[1]
-            self.keys[v] = {pid: ledger.create_key("agent", self.tenant[v], FLEET, pid, 1)[1] for pid in self.roles}
+            self.keys[v] = {pid: ledger.create_key("agent", self.tenant[v], FLEET, pid, 1,
+                                                   roles=self.roles[pid] if v == "b" else ())[1] for pid in self.roles}
         self.coll: dict[str, Collection] = {
             "a": create_collection(chroma, self.tenant["a"], None, timings, "direct"),
             "b": create_collection(sidecar, self.tenant["b"], self.admin["b"], timings, "sidecar"),
@@ -158,11 +161,13 @@ class EpisodeReplay:
     def _restricted(readers: frozenset[str] | set[str]) -> dict[str, Any]:
         return {"mw_scope": "restricted", "mw_readers": ",".join(f"{FLEET}/{p}" for p in sorted(readers))}
 
+    def _b_meta(self, row: labelling.RowPlan) -> dict[str, Any]:
+        return {**self._restricted(row.circle), "mw_labels": ",".join(sorted(row.labels))}
+
     def _write_b(self, row: labelling.RowPlan, emb: list[float]) -> None:
         readers, denied = self.decide_readers(row, row.circle)
-        readers = readers or frozenset({row.owner})
         ok = self.coll["b"].add(self.keys["b"][row.owner], row.row_id, emb, row.text,
-                                {**self._restricted(readers), "turn_id": row.turn_id, "labels": ",".join(sorted(row.labels))})
+                                {**self._b_meta(row), "turn_id": row.turn_id})
         if not ok:
             self.stats["b_refused_forgotten_content"] += 1
             return
@@ -182,15 +187,15 @@ class EpisodeReplay:
         for ch in plan.access_changes:
             ids, metas = [], []
             for rid, circle in ch.rows:
-                if rid not in self.b_rows:
+                if rid not in self.b_rows or not circle:
                     continue
                 row = self.b_rows[rid]
+                if circle == row.circle:
+                    continue
                 self.b_rows[rid] = row = labelling.RowPlan(row.row_id, row.turn_id, row.owner, row.text, row.labels, row.subjects, circle)
-                readers, denied = self.decide_readers(row, circle)
-                if readers and readers != self.b_readers[rid]:
-                    ids.append(rid)
-                    metas.append(self._restricted(readers))
-                    self.b_readers[rid], self.b_denied[rid] = readers, denied
+                self.b_readers[rid], self.b_denied[rid] = self.decide_readers(row, circle)
+                ids.append(rid)
+                metas.append(self._restricted(circle))
             self.coll["b"].update_metadata(self.admin["b"], ids, metas)
         row = plan.row
         if row is None:
@@ -326,6 +331,8 @@ class EpisodeReplay:
                     "b": self.coll["b"].query(self.keys["b"][asker], query_emb[probe.checkpoint_id], kmax),
                     "c": self.coll["c"].query(self.keys["c"][asker], query_emb[probe.checkpoint_id], kmax),
                 }
+                self.stats["b_offline_disagreements"] += sum(
+                    1 for rid, _ in got["b"] if asker not in self.b_readers.get(rid, frozenset()))
                 for v, rows in got.items():
                     rec = Record(ep.domain, ep.episode_id, probe.checkpoint_id, v, ann.query_type, ann.attack_type,
                                  probe.asker.role, [r for r, _ in rows],
