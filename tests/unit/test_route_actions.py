@@ -39,7 +39,7 @@ POLICIES = Path(__file__).resolve().parents[2] / "policies"
 CID = "11111111-1111-1111-1111-111111111111"
 ME, OTHER = "t/red/a", "t/blue/b"  # the agent key (trust 3) and another agent of the tenant
 ROW_ACTIONS = {"read", "write", "update", "delete", "supersede", "redistribute"}
-REQUEST_ACTIONS = {"search", "list", "delete_bulk", "admin"}
+REQUEST_ACTIONS = {"search", "list", "delete_bulk", "admin", "create_collection"}
 DEPLOYMENT_ACTIONS = {"configure", "reset", "manage_tenants"}
 
 
@@ -291,10 +291,11 @@ CHROMA_EXPECTED: dict[str, tuple[str, str, str]] = {
     "get_database": ("list:Namespace", "list:Namespace", "manage_tenants:Deployment"),
     "delete_database": ("admin:Namespace", "admin:Namespace", "admin:Namespace"),
     "list_collections": ("list:Namespace", "list:Namespace", "list:Namespace"),
-    "create_collection": ("admin:Namespace", "admin:Namespace", "admin:Namespace"),
+    "create_collection": ("create_collection:Namespace list:Namespace", "create_collection:Namespace list:Namespace",
+                          "list:Namespace"),
     "count_collections": ("list:Namespace", "list:Namespace", "list:Namespace"),
     "get_collection_by_id": ("list:Collection", "list:Collection", ""),
-    "get_collection_by_name": ("list:Namespace", "list:Namespace", "list:Namespace"),
+    "get_collection_by_name": ("list:Collection list:Namespace", "list:Collection list:Namespace", "list:Namespace"),
     "modify_collection": ("admin:Collection", "admin:Collection", ""),
     "delete_collection": ("admin:Collection list:Namespace", "admin:Collection list:Namespace", "list:Namespace"),
     "add": ("list:Collection write:Memory", "list:Collection", ""),
@@ -363,3 +364,4 @@ def test_route_tables_are_read_from_the_profiles() -> None:
             segments = _path(pattern, profile).strip("/").split("/")
             route = match_routes(table, method, segments)
             assert route is not None and route.op == op, (profile, method, pattern)
+
