@@ -20,6 +20,8 @@ raise site may name a more precise reason — Cedar's deny reason, ``unknown_row
     │                                   not the expected JSON
     ├── Overloaded                 503  more requests in flight than the       error  overloaded
     │                                   sidecar takes at once
+    ├── LedgerUnavailable          503  PostgreSQL ledger unreachable, or no   error  ledger_unavailable
+    │                                   pooled connection free in time
     ├── UpstreamTimeout            504  backend did not answer in time         error  backend_timeout
     └── BackendClientError        4xx  the backend's own 4xx, passed through  error  backend_rejected
     PolicyLoadError                    start-up only: schema/policies missing or invalid
@@ -79,6 +81,13 @@ class UpstreamError(MemwardenError):
 
 class Overloaded(MemwardenError):
     status, code, reason = 503, "overloaded", "overloaded"
+
+
+class LedgerUnavailable(MemwardenError):
+    """The shared (PostgreSQL) ledger could not be reached or had no pooled connection free within
+    its timeout (psycopg ``OperationalError``, ``psycopg_pool.PoolTimeout``): the request is denied."""
+
+    status, code, reason = 503, "ledger_unavailable", "ledger_unavailable"
 
 
 class UpstreamTimeout(MemwardenError):

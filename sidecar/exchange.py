@@ -54,6 +54,9 @@ class Exchange:
     # Ledger rows read for this request's read decisions, by (backend, collection, row id): reused by the
     # same request's provenance links (one ledger read per row per request; never kept across requests).
     ledger_rows: dict[tuple[str, str, str], Any] = field(default_factory=dict)
+    # Ledger rows fetched off the event loop for the read in progress (`Authorizer.prefetch`), by
+    # (backend, collection): consumed by that read's decisions and dropped when it ends.
+    prefetched: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     stripped_headers: list[str] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started_ns: int = field(default_factory=time.perf_counter_ns)

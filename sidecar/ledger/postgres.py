@@ -136,7 +136,11 @@ class PostgresLedger:
     connections per process. `timeout_s`: seconds to wait for a pooled connection and to connect
     (a ledger that cannot answer in time raises, and the request is denied). `migrate_on_open`:
     apply pending migrations at open; when False, an out-of-date schema raises `SchemaOutOfDate`.
+    Every call is a network round trip: the request path runs them off the event loop
+    (`blocking_io`, `sidecar.ledger.offloop`).
     """
+
+    blocking_io = True
 
     def __init__(self, url: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10,
                  timeout_s: float = 5.0, migrate_on_open: bool = True) -> None:

@@ -18,7 +18,7 @@ import structlog
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
-from sidecar.ledger import Ledger
+from sidecar.ledger import Ledger, offloop
 from sidecar.policy import CedarRequest, Decision
 from sidecar.stages.canonicalize import well_formed
 
@@ -197,6 +197,33 @@ class Authorizer:
         decisions = [known[k] for k in keys]
         return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
 
+    async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> None:
+        """Read the ledger rows of `row_ids` and their owners' agent entities in one trip off the event
+        loop (`sidecar.ledger.offloop`), for the `readable_rows` calls of the read in progress; only
+        when the ledger is `offloop.blocking` (PostgreSQL). The rows are fetched now, on this request,
+        never taken from an earlier one; the caller drops them (`release`) when its read ends. Raises
+        `LedgerUnavailable` (503) when the ledger cannot answer."""
+        if not row_ids or not offloop.blocking(self.ledger):
+            return
+        ids = list(dict.fromkeys(row_ids))
+        ledger = self.ledger
+
+        def fetch() -> dict[str, Any]:
+            rows = ledger.get_rows(backend, collection_id, ids)
+            if rows:
+                ledger.agent_entities({r.owner for r in rows.values()})  # warms the agents cache (one query)
+            return rows
+
+        rows = await offloop.call(ledger, fetch)
+        pre = ex.prefetched.setdefault((backend, collection_id), {})
+        for i in ids:
+            pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
+
+    @staticmethod
+    def release(ex: Exchange, backend: str, collection_id: str) -> None:
+        """Drop the rows `prefetch` read for (backend, collection)."""
+        ex.prefetched.pop((backend, collection_id), None)
+
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
@@ -214,7 +241,11 @@ class Authorizer:
         (not governed by the ledger), and their reasons in ``row_deny_reasons``."""
         if not row_ids:
             return {}
-        known = self.ledger.get_rows(backend, collection_id, row_ids)
+        pre = ex.prefetched.get((backend, collection_id))
+        if pre is not None and all(i in pre for i in row_ids):
+            known = {i: pre[i] for i in row_ids if pre[i] is not None}
+        else:
+            known = self.ledger.get_rows(backend, collection_id, row_ids)
         if count:
             ex.ledger_rows.update(((backend, collection_id, i), r) for i, r in known.items())
         unique = list(dict.fromkeys(row_ids))
