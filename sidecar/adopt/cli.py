@@ -110,6 +110,7 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
     from sidecar.adopt.engine import adopt
     from sidecar.adopt.rules import RulesError, load_rules
     from sidecar.adopt.targets import ChromaTarget, TargetError
+    from sidecar.provenance import content_keys
     from sidecar.ledger import CollectionRecord, ledger_from_settings, now_us
 
     if fmt not in ("text", "json"):
@@ -130,7 +131,8 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
             try:
                 target = ChromaTarget(str(settings.backend_url), rules.tenant, spec.database, spec.name,
                                       token=settings.backend_token, auth_header=_auth_header(settings, "Authorization"),
-                                      timeout_s=max(settings.backend_timeout_s, 60.0), page=page)
+                                      timeout_s=max(settings.backend_timeout_s, 60.0), page=page,
+                                      content_keys=content_keys(settings.chroma_content_keys))
             except TargetError as exc:
                 raise _refuse(f"{label}: {exc}", 1) from None
             try:

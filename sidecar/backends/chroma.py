@@ -34,7 +34,8 @@ from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionRecord, Ledger, now_us
 from sidecar.planner import QueryPlanner
-from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
+from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
+                                row_text, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
@@ -269,6 +270,7 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.content_keys = content_keys(settings.chroma_content_keys)
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
@@ -577,10 +579,12 @@ class ChromaProfile:
             _refuse_claims(pre)
         split = [self._requested(p, meta) for meta, _ in pre]
         documents = body.get("documents") or [None] * len(ids)
+        # A row's content: its document, else the metadata key its client keeps the text in (mem0's Memory: `data`).
+        texts = [row_text(documents[i], split[i][0], self.content_keys) for i in range(len(ids))]
         if op != "update":
             # The write decision first, on every id as a new row: a principal that may not write learns
             # nothing from what follows (which ids exist, which parent, fact or content is known).
-            as_new = [self._new_row(ex, rec, row_id, split[i][1], documents[i]) for i, row_id in enumerate(ids)]
+            as_new = [self._new_row(ex, rec, row_id, split[i][1], texts[i]) for i, row_id in enumerate(ids)]
             decisions = self.authz.decide_rows(ex, "write", as_new)
             denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
             if denied:
@@ -614,6 +618,7 @@ class ChromaProfile:
             views = self._views(ex, rec, [known[ids[i]] for i in echoed])
             for i in echoed:
                 split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
+        await self._stored_documents(rec, ids, known, documents, texts)
         checks: list[tuple[str, Row, dict[str, Any] | None]] = []
         final: dict[str, Row] = {}
         changed: list[Row] = []
@@ -625,19 +630,19 @@ class ChromaProfile:
                 row = known[row_id]
                 checks.append(("update", row, None))
                 moved = self._redistributed(p, row, requested)
-                new_text = isinstance(documents[i], str)
+                new_text = texts[i] is not None
                 if moved is not None or new_text:
                     updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
                     if moved is not None:
                         checks.append(("redistribute", row, moved[1]))
                     if new_text:
-                        self.prov.set_content(updated, documents[i])
+                        self.prov.set_content(updated, texts[i])
                     final[row_id] = updated
                     changed.append(updated)
                 else:
                     final[row_id] = row
             else:
-                row = self._new_row(ex, rec, row_id, requested, documents[i])
+                row = self._new_row(ex, rec, row_id, requested, texts[i])
                 final[row_id] = row
         for action in ("update", "redistribute"):  # "write" of the new rows was decided above
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
@@ -649,7 +654,7 @@ class ChromaProfile:
             if denied:
                 ex.decision, ex.action, ex.row_ids = "deny", action, denied
                 raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
-        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str) and ids[i] in known])
+        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
         self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
@@ -693,6 +698,26 @@ class ChromaProfile:
             self.ledger.update_governance(changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
+
+    async def _stored_documents(self, rec: CollectionRecord, ids: list[str], known: dict[str, Row],
+                                documents: list[Any], texts: list[str | None]) -> None:
+        """For existing rows whose new content would come from metadata (no document sent): a row Chroma holds
+        with a document keeps that document as its content, so its text is left as it is (`texts[i] = None`:
+        unchanged). One Chroma get of those ids, only when there are any."""
+        from_meta = [i for i, row_id in enumerate(ids) if row_id in known and texts[i] is not None
+                     and not isinstance(documents[i], str)]
+        if not from_meta:
+            return
+        resp = await self.upstream.call("POST", self._data_segments(rec, "get"),
+                                        json_body={"ids": [ids[i] for i in from_meta], "include": ["documents"]},
+                                        idempotent=True)
+        if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+            raise UpstreamError("unexpected backend answer")
+        docs = resp.get("documents") or [None] * len(resp["ids"])
+        with_document = {i for i, d in zip(resp["ids"], docs) if isinstance(d, str)}
+        for i in from_meta:
+            if ids[i] in with_document:
+                texts[i] = None
 
     async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         return await self._write(ex, params, "add")
