@@ -83,7 +83,7 @@ def _print(reports: list[Any], fmt: str, show: int, report_file: Optional[Path])
                   markup=False)
         out.print(f"  scanned {r.scanned}", markup=False)
         out.print(f"  {'would adopt' if r.dry_run else 'adopted'} {r.adopted}", markup=False)
-        for name, counts in (("scope", r.by_scope), ("owner", r.by_owner), ("rule", r.by_rule)):
+        for name, counts in (("scope", r.by_scope), ("owner", r.by_owner), ("rule", r.by_rule), ("label", r.by_label)):
             if counts:
                 out.print(f"    by {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), markup=False)
         out.print(f"  already governed {r.already} (left as they are; {r.restamped} {'would be ' if r.dry_run else ''}"
