@@ -318,7 +318,7 @@ class Replay:
 
 
 def authorize(request: dict[str, Any], policies: list[Policy], entities: list[dict[str, Any]],
-              schema_text: str | None) -> Replay:
+              schema_text: "str | cedarpy.Schema | None") -> Replay:
     """Evaluate one request with cedarpy.is_authorized.
 
     ``request``: {"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}.
