@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
 from invariants.cli import explain_app
@@ -18,6 +18,7 @@ from invariants.engine import authorize
 from invariants.matrix import Matrix, build_matrix, classify, diff_matrices
 from invariants.project import load_project
 
+from .concrete_requests import requests
 from .conftest import POLICIES
 
 runner = CliRunner()
@@ -30,62 +31,9 @@ def matrix() -> Matrix:
     return build_matrix(PROJ.schema, PROJ.schema_text, PROJ.policies, actions=ACTIONS)
 
 
-def ref(t: str, i: str) -> dict[str, Any]:
-    return {"__entity": {"type": t, "id": i}}
-
-
-TENANTS, FLEETS, AGENTS = ["t1", "t2"], ["f1", "f2", "f3"], ["a1", "a2", "a3"]
-
-
-@st.composite
-def requests(draw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    action = draw(st.sampled_from(ACTIONS))
-    ad = PROJ.schema.actions[action]
-    pt, rt = draw(st.sampled_from(sorted(ad.principals))), draw(st.sampled_from(sorted(ad.resources)))
-    ents: list[dict[str, Any]] = []
-    fleet_tenant = {f: draw(st.sampled_from(TENANTS + [None])) for f in FLEETS}
-    for f, t in fleet_tenant.items():
-        ents.append({"uid": {"type": "Fleet", "id": f}, "attrs": {"tenant": ref("Tenant", t or "t9")},
-                     "parents": [{"type": "Tenant", "id": t}] if t else []})
-    ents += [{"uid": {"type": "Tenant", "id": t}, "attrs": {}, "parents": []} for t in TENANTS]
-    present = draw(st.sets(st.sampled_from(AGENTS)))
-    pid = draw(st.sampled_from(AGENTS)) if pt == "Agent" else "p"
-    for a in sorted(present | ({pid} if pt == "Agent" else set())):
-        ents.append({"uid": {"type": "Agent", "id": a}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
-                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
-                               "trust": draw(st.integers(-1, 5)), "roles": []}})
-    if pt == "TenantAdmin":
-        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))},
-                     "parents": []})
-    elif pt != "Agent":
-        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {}, "parents": []})
-    rid = "r"
-    if rt == "Memory":
-        ents.append({"uid": {"type": "Memory", "id": rid}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
-                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
-                               "owner": ref("Agent", draw(st.sampled_from(AGENTS))),
-                               "scope": draw(st.sampled_from(["agent", "fleet", "tenant", "restricted", "x", ""])),
-                               "status": draw(st.sampled_from(["active", "superseded", "deleted", "gone"])),
-                               "readers": [ref("Agent", a) for a in sorted(draw(st.sets(st.sampled_from(AGENTS))))],
-                               "labels": []}})
-    elif rt in ("Collection", "Namespace"):
-        ents.append({"uid": {"type": rt, "id": rid}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))}})
-    else:
-        ents.append({"uid": {"type": rt, "id": rid}, "attrs": {}, "parents": []})
-    ctx: dict[str, Any] = {}
-    if action == "redistribute":
-        ctx = {"target_fleet": ref("Fleet", draw(st.sampled_from(FLEETS))), "target_scope": "fleet"}
-    req = {"principal": {"type": pt, "id": pid}, "action": {"type": "Action", "id": action},
-           "resource": {"type": rt, "id": rid}, "context": ctx}
-    return req, ents
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
-@given(requests())
+@given(requests(PROJ.schema, ACTIONS))
 def test_cells_agree_with_cedar(matrix: Matrix, case: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     req, ents = case
     coords = classify(PROJ.schema, PROJ.schema_text, req, ents)
