@@ -9,7 +9,7 @@ and the arithmetic. Lines and columns are 1-based; columns count Unicode code po
 ``columnKind: unicodeCodePoints``).
 
 Token kinds: ``str`` (a string literal, possibly unterminated: then it runs to the end of the text),
-``ident``, ``int``, ``op`` (``== != <= >= && || ::`` or any other single character). Whitespace and
+``ident``, ``slot`` (a template slot ``?principal``/``?resource``, one token as in Cedar), ``int``, ``op`` (``== != <= >= && || ::`` or any other single character). Whitespace and
 ``//`` comments are skipped.
 """
 
@@ -25,6 +25,7 @@ _TOK = re.compile(r'''
     (?P<ws>\s+)
   | (?P<comment>//[^\n]*)
   | (?P<str>"(?:[^"\\]|\\.)*"|"(?:[^"\\]|\\.)*\\?\Z)
+  | (?P<slot>\?(?:principal|resource)(?![A-Za-z0-9_]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<int>[0-9]+)
   | (?P<op>==|!=|<=|>=|&&|\|\||::|.)
