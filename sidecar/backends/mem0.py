@@ -221,6 +221,20 @@ class Mem0Profile:
             return agent_id(p.tenant, p.fleet, text)
         raise BadRequest(f"{name} must be tenant/fleet/agent, fleet/agent or an agent of your fleet")
 
+    def _agent_filter(self, p: Principal, value: Any) -> str:
+        """A filter's ``agent_id`` value → what Mem0 stores: the agent uid (`_agent_ref`), or the value as it is when
+        adopted memories of the tenant are listed under it (`memwarden adopt mem0` keeps Mem0's agent_id) and it
+        names no memwarden agent of the tenant (the uid wins when both exist; a list asks under both)."""
+        raw = _ident(value, "agent_id")
+        adopted = ("agent_id", raw) in self.ledger.listing_keys(BACKEND, self.coll, p.tenant)
+        try:
+            uid = self._agent_ref(p, raw)
+        except BadRequest:
+            if adopted:
+                return raw
+            raise
+        return raw if adopted and uid not in self._tenant_agents(p) else uid
+
     def _tenant_agents(self, p: Principal) -> list[str]:
         return sorted({agent_id(k.tenant, k.fleet, k.agent) for k in self.ledger.list_keys(p.tenant)
                        if k.kind == "agent" and k.fleet and k.agent})
@@ -675,7 +689,7 @@ class Mem0Profile:
                 value = value["eq"]
             if not isinstance(value, str) or value == "*":
                 raise BadRequest(f"{key} inside OR/NOT must be a plain id")
-            return self._agent_ref(p, value) if key == "agent_id" else _ident(value, key)
+            return self._agent_filter(p, value) if key == "agent_id" else _ident(value, key)
         self._check_value(key, value)
         return value
 
@@ -700,7 +714,7 @@ class Mem0Profile:
         self._check_value(key, value)
         if key in IDENTITY:
             def norm(v: Any) -> str:
-                return self._agent_ref(p, v) if key == "agent_id" else _ident(v, key)
+                return self._agent_filter(p, v) if key == "agent_id" else _ident(v, key)
 
             if value == "*":
                 return  # wildcard: no constraint; the caller's visibility still applies
