@@ -380,7 +380,7 @@ def _schema(schema_text: str | None) -> Any:
 
 
 def authorize(request: dict[str, Any], policies: list[Policy], entities: list[dict[str, Any]],
-              schema_text: str | None) -> Replay:
+              schema_text: "str | cedarpy.Schema | None") -> Replay:
     """Evaluate one request with cedarpy.is_authorized.
 
     ``request``: {"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}.
