@@ -389,7 +389,8 @@ def authorize(request: dict[str, Any], policies: list[Policy], entities: list[di
     """
     text = "\n".join(p.text for p in policies)
     ids = [p.id for p in policies]
-    res = cedarpy.is_authorized(request, _policy_set(text), entities, _schema(schema_text))
+    schema = _schema(schema_text) if schema_text is None or isinstance(schema_text, str) else schema_text
+    res = cedarpy.is_authorized(request, _policy_set(text), entities, schema)
 
     def _name(pid: str) -> str:
         m = re.fullmatch(r"policy(\d+)", pid)
