@@ -573,7 +573,8 @@ class Mem0Profile:
     async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
         """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
         the tenant, or for the one agent named; without a named agent also one per entity id under which
-        adopted memories of the tenant are listed, `Ledger.listing_keys`), in Mem0's order, before row-level
+        adopted memories of the tenant are listed, `Ledger.listing_keys`; with one, also that agent_id as Mem0
+        stores it when adopted memories of the tenant are listed under it), in Mem0's order, before row-level
         filtering."""
         p = self._p(ex)
         base: dict[str, str] = {"top_k": str(LIST_LIMIT), "show_expired": "true" if show_expired else "false"}
@@ -583,9 +584,19 @@ class Mem0Profile:
         named = query.get("agent_id")
         lookups: list[dict[str, str]] = []
         if named not in (None, "*"):
-            agents = [self._agent_ref(p, named)]
-            if not agents[0].startswith(p.tenant + "/"):
-                return []  # another tenant's agent: nothing of it is visible here
+            # An adopted memory kept the agent_id Mem0 gave it (`memwarden adopt mem0`): an agent_id the tenant's
+            # adopted memories are listed under names those memories too, as Mem0 itself would answer.
+            raw = _ident(named, "agent_id")
+            adopted = ("agent_id", raw) in self.ledger.listing_keys(BACKEND, self.coll, p.tenant)
+            try:
+                agents = [self._agent_ref(p, named)]
+            except BadRequest:
+                if not adopted:
+                    raise
+                agents = []  # not a memwarden agent reference (e.g. a tenant admin naming a bare id)
+            if adopted and raw not in agents:
+                lookups.append({**base, "agent_id": raw})
+            agents = [a for a in agents if a.startswith(p.tenant + "/")]  # another tenant's agent: nothing of it
         else:
             agents = self._tenant_agents(p)
             # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
