@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -355,6 +356,29 @@ class Replay:
                 "reasons": sorted(self.reasons), "errors": sorted(self.errors)}
 
 
+@lru_cache(maxsize=64)
+def _policy_set(text: str) -> Any:
+    """A parsed cedarpy PolicySet for ``text`` (kept: a replay or policy test does not re-parse the set;
+    ids stay ``policy0``, ``policy1``, … in source order), or the text itself if Cedar rejects it (then
+    is_authorized reports the error as before)."""
+    try:
+        return cedarpy.PolicySet.from_str(text)
+    except Exception:  # noqa: BLE001 — is_authorized gives the engine's own answer for such text
+        return text
+
+
+@lru_cache(maxsize=16)
+def _schema(schema_text: str | None) -> Any:
+    """A parsed cedarpy Schema for ``schema_text`` (kept across calls), None for none, or the text itself
+    if Cedar rejects it."""
+    if schema_text is None:
+        return None
+    try:
+        return cedarpy.Schema.from_str(schema_text)
+    except Exception:  # noqa: BLE001
+        return schema_text
+
+
 def authorize(request: dict[str, Any], policies: list[Policy], entities: list[dict[str, Any]],
               schema_text: "str | cedarpy.Schema | None") -> Replay:
     """Evaluate one request with cedarpy.is_authorized.
@@ -365,7 +389,8 @@ def authorize(request: dict[str, Any], policies: list[Policy], entities: list[di
     """
     text = "\n".join(p.text for p in policies)
     ids = [p.id for p in policies]
-    res = cedarpy.is_authorized(request, text, entities, schema_text)
+    schema = _schema(schema_text) if schema_text is None or isinstance(schema_text, str) else schema_text
+    res = cedarpy.is_authorized(request, _policy_set(text), entities, schema)
 
     def _name(pid: str) -> str:
         m = re.fullmatch(r"policy(\d+)", pid)
