@@ -110,25 +110,43 @@ def _data_features(entities: list[dict[str, Any]], out: Counter[str]) -> None:
                 return
 
 
+_SCHEMAS: dict[str, Any] = {}
+
+
+def _schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Per worker process, once: the schema models (``invariants.schema``) and cedarpy's pre-parsed
+    ``Schema`` handles (validation and authorization then skip re-parsing the schema text per call)."""
+    if not _SCHEMAS:
+        import cedarpy
+
+        from invariants.schema import parse_schema
+        from tests.invariants.strategies import DEEP_SCHEMA
+
+        texts = {"memwarden": (REPO / "policies" / "memwarden.cedarschema").read_text(encoding="utf-8"),
+                 "deep": DEEP_SCHEMA}
+        _SCHEMAS["models"] = {k: parse_schema(v) for k, v in texts.items()}
+        _SCHEMAS["handles"] = {k: cedarpy.Schema.from_str(v) for k, v in texts.items()}
+    return _SCHEMAS["models"], _SCHEMAS["handles"]
+
+
 def run_chunk(task: tuple[int, int, float]) -> dict[str, Any]:
-    """Run `n` examples from seed `seed`; returns counts, coverage and disagreements."""
+    """Run `n` examples from seed `seed`; returns counts, coverage, disagreements and the slowest examples."""
     seed, n, deep_share = task
     import cedarpy
 
     from invariants.concrete import evaluate
     from invariants.engine import authorize, parse_text
-    from invariants.schema import parse_schema
-    from tests.invariants.strategies import DEEP_SCHEMA, RandomDraw, gen_scenario
+    from tests.invariants.strategies import RandomDraw, gen_scenario
 
-    schemas = {"memwarden": (REPO / "policies" / "memwarden.cedarschema").read_text(encoding="utf-8"),
-               "deep": DEEP_SCHEMA}
-    models = {k: parse_schema(v) for k, v in schemas.items()}
+    models, schemas = _schemas()
     rng = random.Random(seed)
     draw = RandomDraw(rng)
     counts: Counter[str] = Counter()
     cover: Counter[str] = Counter()
     bad: list[dict[str, Any]] = []
-    for _ in range(n):
+    slow: list[tuple[float, int, int]] = []  # (seconds, seed, index) of the slowest examples
+    for i in range(n):
+        t0 = time.perf_counter()
         which = "deep" if rng.random() < deep_share else "memwarden"
         text, entities, request = gen_scenario(draw, models[which])
         counts["generated"] += 1
@@ -160,7 +178,8 @@ def run_chunk(task: tuple[int, int, float]) -> dict[str, Any]:
         for role in ("principal", "resource"):
             _string_features(f"request {role} id", request[role]["id"], ex)
         cover.update(set(ex))  # examples containing each construct
-    return {"counts": counts, "cover": cover, "bad": bad}
+        slow = sorted(slow + [(time.perf_counter() - t0, seed, i)], reverse=True)[:5]
+    return {"counts": counts, "cover": cover, "bad": bad, "slow": slow}
 
 
 def main() -> None:
@@ -182,10 +201,12 @@ def main() -> None:
         i += 1
     counts: Counter[str] = Counter()
     cover: Counter[str] = Counter()
+    slow: list[tuple[float, int, int]] = []
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.workers) as pool:
         for res in pool.imap_unordered(run_chunk, tasks):
             counts.update(res["counts"])
+            slow = sorted(slow + res["slow"], reverse=True)[:5]
             cover.update(res["cover"])
             with bad_file.open("a", encoding="utf-8") as f:
                 for b in res["bad"]:
@@ -202,6 +223,7 @@ def main() -> None:
     for k in sorted(counts):
         print(f"  {k:<40}{counts[k]:>9}")
     print(f"DISAGREEMENTS: {counts['disagreements']} (goal 0){'; see ' + str(bad_file) if counts['disagreements'] else ''}")
+    print("slowest checked examples: " + ", ".join(f"{t:.2f} s (task seed {sd}, example {i})" for t, sd, i in slow))
     print("\ncoverage (checked examples containing each construct):")
     for k, v in sorted(cover.items()):
         print(f"  {k:<44}{v:>9}  {100 * v / max(checked, 1):6.1f} %")

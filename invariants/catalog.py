@@ -51,7 +51,7 @@ from .schema import LONG, Schema, TLong
 from .translate import (LONG_MAX, LONG_MIN, PolicyTerm, Query, Registry, Request, Store, Translator, Val,
                         background, policy_set_terms)
 
-__all__ = ["Invariant", "CheckResult", "PolicyRef", "describe", "KINDS", "load_invariants", "check_invariants", "compare_sets",
+__all__ = ["Invariant", "CheckResult", "PolicyRef", "describe", "KINDS", "load_invariants", "check_invariants", "compare_sets", "compare_results",
            "actions_of", "DEFAULT_TIMEOUT_S"]
 
 KINDS = ("bound", "never-errors", "monotone", "unconstrained")
@@ -111,7 +111,8 @@ class PolicyRef:
 @dataclass
 class CheckResult:
     """One invariant × action.  ``status``: PROVED, VIOLATED, UNKNOWN, DISAGREE (model and
-    Cedar disagree on the counterexample: a translator bug), UNCOVERED or VACUOUS.  ``seconds`` is
+    Cedar disagree on the counterexample: a translator bug), UNCOVERED or VACUOUS; for ``--compare``
+    (`compare_results`) UNCHANGED, CHANGED (widened) or NARROWED.  ``seconds`` is
     solver time summed over the request environments.  ``file``/``line``: the invariant.
 
     For a result with a counterexample: ``summary`` is one English line (``invariants.summary``, e.g.
@@ -406,57 +407,42 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
     return results
 
 
-def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new: list[Policy],
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
-    """Requests newly permitted / newly denied between two policy sets, per action.
-    Status UNCHANGED, CHANGED (with a request replayed on both sets through Cedar),
-    UNKNOWN or DISAGREE."""
-    solve = _Solve(timeout_s)
+def compare_results(diff: Any, old: list[Policy], new: list[Policy]) -> list[CheckResult]:
+    """The per-action view of an access-matrix diff (``invariants.matrix.MatrixDiff``): for each action
+    compared, ``newly-permitted`` — CHANGED when some class widened (its first widening witness, replayed
+    on both sets, is the counterexample), else UNCHANGED — and ``newly-denied`` — NARROWED or UNCHANGED
+    likewise; UNKNOWN where part of the action could not be decided and nothing changed."""
     results = []
-    for action in schema.applicable_actions():
-        ad = schema.actions[action]
-        for direction in ("newly-permitted", "newly-denied"):
-            parts = []
-            for pt, rt in product(ad.principals, ad.resources):
-                reg = Registry()
-                store = Store(schema, reg)
-                req = Request.make(schema, reg, action, pt, rt)
-                try:
-                    qo = policy_set_terms(Translator(schema, store, req), old)
-                    qn = policy_set_terms(Translator(schema, store, req), new)
-                except Unsupported as exc:
-                    parts.append(_EnvCheck("UNKNOWN", 0.0, str(exc)))
-                    continue
-                goal = z3.And(qn.allow, z3.Not(qo.allow)) if direction == "newly-permitted" \
-                    else z3.And(qo.allow, z3.Not(qn.allow))
-                res, dt, model, why = solve(background(schema, store, [req]), goal, store)
-                if res == "unsat":
-                    parts.append(_EnvCheck("PROVED", dt))
-                    continue
-                if model is None:
-                    parts.append(_EnvCheck("UNKNOWN", dt, why))
-                    continue
-                try:
-                    request, entities = cx.readable_ids(store, cx.request_json(model, req, store.reg.codec),
-                                                        cx.entities_json(model, schema, store))
-                except Unsupported as exc:
-                    parts.append(_EnvCheck("UNKNOWN", dt, f"counterexample: {exc}"))
-                    continue
-                mo = evaluate(schema, old, request, entities)
-                mn = evaluate(schema, new, request, entities)
-                co = authorize(request, old, entities, schema_text)
-                cn = authorize(request, new, entities, schema_text)
-                cex = {"invariant": direction, "request": request, "entities": entities,
-                       "old": {"model": mo, "cedar": co.to_json()}, "new": {"model": mn, "cedar": cn.to_json()}}
-                ok = _agrees(mo, co) and _agrees(mn, cn) and mo["decision"] != mn["decision"]
-                msg = (f"{direction.replace('-', ' ')}: old {co.to_json()['decision']} "
-                       f"({', '.join(sorted(co.reasons)) or 'no policy'}), new {cn.to_json()['decision']} "
-                       f"({', '.join(sorted(cn.reasons)) or 'no policy'})")
-                parts.append(_EnvCheck("VIOLATED" if ok else "DISAGREE", dt,
-                                       msg if ok else "the Z3 model and Cedar disagree (translator bug)", cex))
-            inv = Invariant(direction, "compare", new[0] if new else old[0])
-            r = _merge(inv, action, parts)
-            r.file, r.line = "", 0
-            r.status = {"PROVED": "UNCHANGED", "VIOLATED": "CHANGED"}.get(r.status, r.status)
+    for action in diff.actions:
+        for direction, attr in (("newly-permitted", "widen"), ("newly-denied", "narrow")):
+            hits = [c for c in diff.changes if c.action == action and getattr(c, attr) is not None]
+            r = CheckResult(direction, action, "UNCHANGED")
+            if hits:
+                w = getattr(hits[0], attr)
+                old_side = w.other if attr == "widen" else {"decision": w.decision, "reasons": w.reasons}
+                new_side = {"decision": w.decision, "reasons": w.reasons} if attr == "widen" else w.other
+                r.status = "CHANGED" if attr == "widen" else "NARROWED"
+                r.counterexample = {"invariant": direction, "request": w.request, "entities": w.entities,
+                                    "class": hits[0].coords, "old": {"cedar": old_side}, "new": {"cedar": new_side}}
+                r.message = (f"{direction.replace('-', ' ')} in {len(hits)} class{'es' * (len(hits) != 1)}, e.g. "
+                             f"old {old_side['decision']} ({', '.join(old_side['reasons']) or 'no policy'}), "
+                             f"new {new_side['decision']} ({', '.join(new_side['reasons']) or 'no policy'})")
+            elif action in diff.unknown_actions:
+                r.status = "UNKNOWN"
+                r.message = next(u for u in diff.unknown if u.startswith(f"{action} "))
             results.append(describe(r, new if direction == "newly-permitted" else old))
     return results
+
+
+def compare_sets(schema: Schema, schema_text: str | None, old: list[Policy], new: list[Policy],
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+    """Requests newly permitted / newly denied between two policy sets, per action: `compare_results`
+    of the access-matrix diff (``invariants.matrix.diff_matrices``, every witness replayed on both sets
+    through Cedar). A witness Cedar contradicts is one DISAGREE result carrying it."""
+    from .matrix import MatrixDisagreement, diff_matrices
+
+    try:
+        diff = diff_matrices(schema, schema_text, old, new, timeout_s)
+    except MatrixDisagreement as exc:
+        return [CheckResult("compare", "-", "DISAGREE", 0.0, str(exc), exc.witness)]
+    return compare_results(diff, old, new)

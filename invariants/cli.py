@@ -2,7 +2,7 @@
 
     policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit]
                      [--counterexamples DIR] [--timeout SECONDS]
-    policy-check --compare OLD NEW [--format ...]
+    policy-check --compare OLD NEW [--format ...]   (the changed cells of the access matrix, and per action)
     policy-check explain DIR [--format text|json] [--action A]...   (the access matrix, invariants.matrix)
     policy-check explain --compare OLD NEW [--format text|json]
     policy-check --version
@@ -26,8 +26,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .catalog import DEFAULT_TIMEOUT_S, compare_sets
-from .errors import PolicyCheckError, PolicyInvalid, SchemaSyntaxError, SchemaUnsupported, Unsupported
+from .catalog import DEFAULT_TIMEOUT_S, compare_results
+from .errors import MatrixDisagreement, PolicyCheckError, PolicyInvalid, SchemaSyntaxError, SchemaUnsupported, Unsupported
 from .gate import evaluate
 from .project import load_project
 from .report import Problem, Report, exit_code, render, render_problems
@@ -93,7 +93,7 @@ def _version(value: bool) -> None:
 def run(
     directory: Optional[Path] = typer.Argument(None, help="Policy directory: schema, *.cedar, invariants/, tests/."),
     compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", metavar="OLD NEW",
-                                                        help="Show requests newly permitted/denied from OLD to NEW."),
+                                                        help="Show the classes of requests whose access changed from OLD to NEW, a replayed witness each."),
     invariants: list[Path] = typer.Option([], "--invariants", "-i", help="Extra invariant file or directory."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     counterexamples: Path = typer.Option(Path(".policy-check/counterexamples"), "--counterexamples",
@@ -115,8 +115,13 @@ def run(
             # Both sets are read against NEW's schema: the review view of a pull request.
             from .engine import validate
             validate(old.policies, new.schema_text)
-            rep = Report(f"{compare[0]} -> {compare[1]}")
-            rep.results = compare_sets(new.schema, new.schema_text, old.policies, new.policies, timeout)
+            from .matrix import diff_matrices
+
+            rep = Report(f"{compare[0]} -> {compare[1]}", old_policies=old.policies, new_policies=new.policies)
+            # The cells of the access matrix whose permitted requests changed, a witness each replayed
+            # on both sets (the same diff as `explain --compare`); per action, what the CLI always gave.
+            rep.diff = diff_matrices(new.schema, new.schema_text, old.policies, new.policies, timeout)
+            rep.results = compare_results(rep.diff, old.policies, new.policies)
         else:
             assert directory is not None
             proj = load_project(directory, invariants, schema_path=schema)
@@ -126,6 +131,12 @@ def run(
         problems, code = _problems(exc)
         render_problems(problems, code, fmt.value, console, str(directory or compare))
         raise typer.Exit(code) from None
+    except MatrixDisagreement as exc:  # a --compare witness whose Cedar replay contradicts its proof
+        Console(stderr=True).print(f"DISAGREE: {exc}\n{json.dumps(exc.witness)}", highlight=False, markup=False)
+        if fmt != Format.text:
+            render_problems([Problem("disagree", f"the Z3 model and Cedar disagree (translator bug): {exc}")], 4,
+                            fmt.value, console, str(compare))
+        raise typer.Exit(4) from None
     rep.wall_seconds = time.perf_counter() - t0
     _save(rep, counterexamples)
     render(rep, fmt.value, console)
@@ -149,7 +160,7 @@ def explain(
     access changed). Exit: 0 done (compare: nothing widened) · 1 compare: some class widened · 2 usage
     or input error · 3 unknown cells · 4 a witness's Cedar replay contradicts its proof."""
     from .explain import diff_json, dumps, matrix_json, render_diff, render_matrix
-    from .matrix import MatrixDisagreement, build_matrix, diff_matrices
+    from .matrix import build_matrix, diff_matrices
 
     console = Console(soft_wrap=False) if fmt == Format.text else Console(file=sys.stdout, soft_wrap=True)
     if fmt == Format.text and not console.is_terminal:

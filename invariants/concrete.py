@@ -5,7 +5,8 @@ decision, determining policies and erroring policies must equal cedarpy's.  The 
 store of ``translate`` is pinned to the given entities: existence, every attribute, and
 the ancestor relation (Cedar's transitive closure of ``parents``; an absent entity has
 no parents) for every entity id mentioned anywhere — in the store, in attribute values,
-in the request or as an entity literal of the policies (``extra_ids``).
+in the request (its principal, resource and every entity its context names) or as an entity literal
+of the policies (``extra_ids``).
 
 ``evaluate`` returns {"decision": "allow"|"deny", "reasons": [...], "errors": [...]}
 (display ids, as ``engine.Replay.to_json``) and raises ``AssertionError`` if the pinned
@@ -113,6 +114,10 @@ def evaluate(schema: Schema, policies: list[Policy], request: dict[str, Any], en
             for x in v:
                 collect(x)
 
+    # Entities the context names may be absent from the store; unpinned, the solver was free to make one
+    # exist with attributes and ancestors (bench/differential.py found `context.target_fleet has tenant`
+    # true on an absent fleet: tests/invariants/regressions/context-names-an-absent-entity.json).
+    collect(request.get("context", {}))
     by_uid = {(e["uid"]["type"], e["uid"]["id"]): e for e in entities}
     for e in entities:
         ids.add((e["uid"]["type"], e["uid"]["id"]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,7 +149,7 @@ def locate(text: str, message: str, parse: Callable[[str], str | None], reverse:
                     (t.kind == "op" and t.text not in _CEDAR_OPS):
                 return t.start
         return toks[first].start
-    return _refine(text, toks, first, last, message, reverse)
+    return _refine(text, toks, first, last, message, reverse, parse)
 
 
 def _fragments(message: str, reverse: bool) -> list[str]:
@@ -160,7 +161,37 @@ def _fragments(message: str, reverse: bool) -> list[str]:
     return [f for f in frags if f]
 
 
-def _refine(text: str, toks: list[Token], lo: int, k: int, message: str, reverse: bool) -> int:
+def _occurrences(text: str, toks: list[Token], frag: str, lo: int, k: int, attribute: bool) -> list[int]:
+    """Every offset among tokens ``lo..k`` where `find_fragment` finds ``frag``, in order."""
+    out: list[int] = []
+    j = lo
+    while j <= k:
+        off = find_fragment(text, toks, frag, j, k, attribute)
+        if off is None:
+            break
+        out.append(off)
+        j = next((i for i in range(j, k + 1) if toks[i].end > off), k) + 1
+    return out
+
+
+def _removal_fixes(text: str, toks: list[Token], lo: int, k: int, off: int,
+                   parse: Callable[[str], str | None]) -> bool:
+    """Whether the statement of tokens ``lo..k`` parses once the token starting at ``off`` is removed."""
+    t = next((x for x in toks[lo:k + 1] if x.start == off), None)
+    if t is None:
+        return False
+    a, b = toks[lo].start, toks[k].end
+    return parse(text[a:t.start] + " " + text[t.end:b]) is None
+
+
+def _refine(text: str, toks: list[Token], lo: int, k: int, message: str, reverse: bool,
+            parse: Callable[[str], str | None] | None = None) -> int:
+    """The token of statement ``lo..k`` that a conversion error names. A name can occur more than once
+    (``when`` as the policy's condition and as a stray call ``when (…)``), and a message can name several
+    (``like`` and ``principal``): the first occurrence of any whose removal lets the statement parse is
+    the offending one, else the first occurrence of the first name found. A message naming no token ("function
+    calls must be of the form …") is at the first token whose removal lets the statement parse, else at
+    the statement's first token."""
     attribute = "attribute `" in message
     if message.startswith("duplicate annotation: "):  # the second one is the duplicate
         frag = message.split(": ", 1)[1]
@@ -169,10 +200,18 @@ def _refine(text: str, toks: list[Token], lo: int, k: int, message: str, reverse
         again = find_fragment(text, toks, frag, later[0], k) if later else None
         if again is not None:
             return again
-    for frag in _fragments(message, reverse):
-        off = find_fragment(text, toks, frag, lo, k, attribute)
-        if off is not None:
-            return off
+    found = [offs for offs in (_occurrences(text, toks, f, lo, k, attribute) for f in _fragments(message, reverse))
+             if offs]
+    if found:
+        if parse is not None and (len(found) > 1 or len(found[0]) > 1):
+            fixed = next((o for offs in found for o in offs if _removal_fixes(text, toks, lo, k, o, parse)), None)
+            if fixed is not None:
+                return fixed
+        return found[0][0]
+    if parse is not None and k - lo < 400:
+        fixed = next((t.start for t in toks[lo:k + 1] if _removal_fixes(text, toks, lo, k, t.start, parse)), None)
+        if fixed is not None:
+            return fixed
     return toks[lo].start
 
 
@@ -317,8 +356,31 @@ class Replay:
                 "reasons": sorted(self.reasons), "errors": sorted(self.errors)}
 
 
+@lru_cache(maxsize=64)
+def _policy_set(text: str) -> Any:
+    """A parsed cedarpy PolicySet for ``text`` (kept: a replay or policy test does not re-parse the set;
+    ids stay ``policy0``, ``policy1``, … in source order), or the text itself if Cedar rejects it (then
+    is_authorized reports the error as before)."""
+    try:
+        return cedarpy.PolicySet.from_str(text)
+    except Exception:  # noqa: BLE001 — is_authorized gives the engine's own answer for such text
+        return text
+
+
+@lru_cache(maxsize=16)
+def _schema(schema_text: str | None) -> Any:
+    """A parsed cedarpy Schema for ``schema_text`` (kept across calls), None for none, or the text itself
+    if Cedar rejects it."""
+    if schema_text is None:
+        return None
+    try:
+        return cedarpy.Schema.from_str(schema_text)
+    except Exception:  # noqa: BLE001
+        return schema_text
+
+
 def authorize(request: dict[str, Any], policies: list[Policy], entities: list[dict[str, Any]],
-              schema_text: str | None) -> Replay:
+              schema_text: "str | cedarpy.Schema | None") -> Replay:
     """Evaluate one request with cedarpy.is_authorized.
 
     ``request``: {"principal": {"type","id"}, "action": {...}, "resource": {...}, "context": {...}}.
@@ -327,7 +389,8 @@ def authorize(request: dict[str, Any], policies: list[Policy], entities: list[di
     """
     text = "\n".join(p.text for p in policies)
     ids = [p.id for p in policies]
-    res = cedarpy.is_authorized(request, text, entities, schema_text)
+    schema = _schema(schema_text) if schema_text is None or isinstance(schema_text, str) else schema_text
+    res = cedarpy.is_authorized(request, _policy_set(text), entities, schema)
 
     def _name(pid: str) -> str:
         m = re.fullmatch(r"policy(\d+)", pid)

@@ -10,15 +10,20 @@ Exception tree (each maps to one exit status of the CLI, see ``invariants.cli``)
     └── Unsupported               exit 3: a construct the translator does not model
         └── SchemaUnsupported          a schema construct outside the modelled subset
 
+``MatrixDisagreement`` (not a ``PolicyCheckError``; exit 4) is a witness of the access matrix or its
+diff whose Cedar replay contradicts its proof (``invariants.matrix``).
+
 ``Unsupported`` never escapes a verification: the catalog turns it into an UNKNOWN
 result naming the policy and the construct.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PolicyCheckError", "InputError", "SchemaSyntaxError", "PolicyTestFileError",
-    "PolicyInvalid", "Unsupported", "SchemaUnsupported",
+    "PolicyInvalid", "Unsupported", "SchemaUnsupported", "MatrixDisagreement",
 ]
 
 
@@ -70,3 +75,12 @@ class SchemaUnsupported(Unsupported):
     def __init__(self, construct: str, line: int, file: str | None = None) -> None:
         super().__init__(construct, where=f"{file or 'schema'}:{line}")
         self.line, self.file = line, file
+
+
+class MatrixDisagreement(Exception):
+    """A witness whose cedarpy replay contradicts the proof (a translator bug); ``witness`` holds it
+    (Cedar JSON request and entities, Cedar's answer, the expected decision and the class)."""
+
+    def __init__(self, message: str, witness: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.witness = witness

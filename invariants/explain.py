@@ -22,7 +22,7 @@ from rich.table import Table
 
 from .matrix import COL_ORDER, DIMS, KIND, ROW_ORDER, SYMBOL, Cell, Change, Matrix, MatrixDiff
 
-__all__ = ["Grid", "grids", "render_matrix", "render_diff", "matrix_json", "diff_json"]
+__all__ = ["Grid", "grids", "render_matrix", "render_diff", "matrix_json", "diff_json", "class_text", "change_text"]
 
 NA = "—"
 LIMIT = 12  # witness lines printed by render_diff
@@ -198,6 +198,26 @@ def matrix_json(mx: Matrix, target: str) -> dict[str, Any]:
             "cells": [c.to_json() for c in mx.cells]}
 
 
+def class_text(c: Cell | Change) -> str:
+    """A class in one line: "read: agent, trust 1, same tenant, not owner, other fleet → Memory, scope
+    fleet, status active, not a reader"."""
+    row = [KIND.get(c.principal, c.principal)] + [f"trust {c.coords['trust']}" if d == "trust" else c.coords[d]
+                                                   for d in ROW_ORDER[1:] if d in c.coords]
+    col = [c.resource] + [f"{d} {c.coords[d]}" if d in ("scope", "status") else c.coords[d]
+                          for d in COL_ORDER[1:] if d in c.coords]
+    return f"{c.action}: {', '.join(row)} → {', '.join(col)}"
+
+
+def change_text(c: Change, w: Any = None) -> str:
+    """A changed cell in one line (old→new verdict and its class); with a witness ``w`` of it, also the
+    witness's sentence ("… may now read …", "… may no longer read …")."""
+    head = f"{SYMBOL[c.old]}→{SYMBOL[c.new]} {class_text(c)}"
+    if w is None:
+        return head
+    modal = " may now " if w is c.widen else " may no longer "
+    return f"{'widened' if w is c.widen else 'narrowed'} {head}: {w.summary.replace(' may ', modal, 1)}"
+
+
 def _change_symbol(c: Change) -> str:
     return f"{SYMBOL[c.old]}→{SYMBOL[c.new]}"
 
@@ -218,6 +238,9 @@ def render_diff(diff: MatrixDiff, target: str, console: Console) -> None:
                 lines.append(f"{word} {c.action}: {w.summary.replace(' may ', modal, 1)} "
                              f"(replayed: old {'deny' if w is c.widen else 'allow'}, new "
                              f"{'allow' if w is c.widen else 'deny'}; {', '.join(w.reasons) or 'no policy'})")
+    # one witness of each action and direction first, so that a long diff still shows every action
+    firsts = {line.split(":", 1)[0]: i for i, line in reversed(list(enumerate(lines)))}
+    lines = [lines[i] for i in sorted(firsts.values())] + [x for i, x in enumerate(lines) if i not in firsts.values()]
     for line in lines[:LIMIT]:
         console.print(line, highlight=False)
     if len(lines) > LIMIT:

@@ -55,7 +55,7 @@ import z3
 
 from . import counterexample as cx
 from .engine import Policy, authorize, parse_text
-from .errors import Unsupported
+from .errors import MatrixDisagreement, Unsupported
 from .schema import LONG, STRING, Schema, TEntity, TSet
 from .summary import request_sentence
 from .translate import PolicyTerm, Registry, Request, Store, Translator, background, policy_set_terms
@@ -66,14 +66,6 @@ __all__ = ["Dim", "DIMS", "Cell", "Witness", "Matrix", "MatrixDisagreement", "bu
 KIND = {"Agent": "agent", "TenantAdmin": "tenant admin", "Operator": "operator"}
 PERMITTED, DENIED, DEPENDS, EMPTY, UNKNOWN = "permitted", "denied", "depends", "empty", "unknown"
 SYMBOL = {PERMITTED: "✓", DENIED: "✗", DEPENDS: "~", EMPTY: "∅", UNKNOWN: "?"}
-
-
-class MatrixDisagreement(Exception):
-    """A witness whose cedarpy replay contradicts the proof (a translator bug); ``witness`` holds it."""
-
-    def __init__(self, message: str, witness: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.witness = witness
 
 
 Applies = Callable[[Schema, str, str, str], bool]
@@ -199,10 +191,12 @@ class Witness:
     decision: str
     reasons: list[str]
     summary: str
+    other: dict[str, Any] | None = None  # a diff's witness: Cedar's answer on the other policy set
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": self.summary, "decision": self.decision, "reasons": self.reasons,
-                "request": self.request, "entities": self.entities}
+                "request": self.request, "entities": self.entities,
+                **({"other_set": self.other} if self.other is not None else {})}
 
 
 @dataclass
@@ -393,7 +387,7 @@ def classify(schema: Schema, schema_text: str | None, request: dict[str, Any],
 
 
 def _witness(env: _Env, model: z3.ModelRef, policies: list[Policy], schema_text: str | None,
-             coords: dict[str, str], expect: str | None, what: str) -> Witness:
+             coords: dict[str, str], expect: str | None, what: str, placed: bool = False) -> Witness:
     store = env.fresh_store()
     request, entities = cx.readable_ids(store, cx.request_json(model, env.req, store.reg.codec),
                                         cx.entities_json(model, env.schema, store))
@@ -402,6 +396,8 @@ def _witness(env: _Env, model: z3.ModelRef, policies: list[Policy], schema_text:
     doc = {"request": request, "entities": entities, "cedar": rep.to_json(), "expected": expect, "class": coords}
     if expect is not None and got != expect:
         raise MatrixDisagreement(f"{what}: Z3 proves {expect}, Cedar answers {got} ({env.action}, {coords})", doc)
+    if placed:  # the same request was already placed in its class (the replay on the other set)
+        return Witness(request, entities, got, sorted(rep.reasons), request_sentence(request, entities))
     try:
         seen = classify(env.schema, schema_text, request, entities)
     except ValueError as exc:
@@ -409,6 +405,12 @@ def _witness(env: _Env, model: z3.ModelRef, policies: list[Policy], schema_text:
     if any(seen.get(k) != v for k, v in coords.items()):
         raise MatrixDisagreement(f"{what}: the witness is in class {seen}, not {coords} ({env.action})", doc)
     return Witness(request, entities, got, sorted(rep.reasons), request_sentence(request, entities))
+
+
+def _other(w: Witness, seen: Witness) -> Witness:
+    """``w`` with ``seen`` (the same request replayed on the other policy set) as its ``other``."""
+    w.other = {"decision": seen.decision, "reasons": seen.reasons}
+    return w
 
 
 def _envs(schema: Schema) -> list[tuple[str, str, str]]:
@@ -493,8 +495,13 @@ class Change:
 
 @dataclass
 class MatrixDiff:
+    """The changed cells; ``unknown`` one line per region the solver or translator could not decide
+    (``unknown_actions`` their actions); ``actions`` the actions compared."""
+
     changes: list[Change] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    unknown_actions: set[str] = field(default_factory=set)
+    actions: list[str] = field(default_factory=list)
     queries: int = 0
     replays: int = 0
     seconds: float = 0.0
@@ -504,10 +511,12 @@ class MatrixDiff:
         return any(c.widened for c in self.changes)
 
 
-def _verdict(env: _Env, i: int, coords: dict[str, str]) -> str:
+def _verdict(env: _Env, i: int, coords: dict[str, str], allow: bool | None = None, deny: bool | None = None) -> str:
+    """The verdict of policy set ``i`` on the class ``coords``; ``allow``/``deny`` True when a request of
+    the class that the set allows/denies is already known (no query for that side)."""
     base = env.cond(coords)
-    ra, _ = env.check(base + [env.allows[i]])
-    rd, _ = env.check(base + [z3.Not(env.allows[i])])
+    ra = "sat" if allow else env.check(base + [env.allows[i]])[0]
+    rd = "sat" if deny else env.check(base + [z3.Not(env.allows[i])])[0]
     if "unknown" in (ra, rd):
         return UNKNOWN
     return {("unsat", "unsat"): EMPTY, ("unsat", "sat"): DENIED, ("sat", "unsat"): PERMITTED}.get((ra, rd), DEPENDS)
@@ -522,10 +531,13 @@ def diff_matrices(schema: Schema, schema_text: str | None, old: list[Policy], ne
     for action, pt, rt in _envs(schema):
         if actions is not None and action not in actions:
             continue
+        if action not in out.actions:
+            out.actions.append(action)
         try:
             env = _Env(schema, action, pt, rt, [old, new], timeout_s)
         except Unsupported as exc:
             out.unknown.append(f"{action} ({pt} → {rt}): {exc}")
+            out.unknown_actions.add(action)
             continue
         a_old, a_new = env.allows
 
@@ -536,18 +548,23 @@ def diff_matrices(schema: Schema, schema_text: str | None, old: list[Policy], ne
             (rw, mw), (rn, mn) = res
             if "unknown" in (rw, rn):
                 out.unknown.append(f"{action} ({pt} → {rt}) {coords}: solver gave up")
+                out.unknown_actions.add(action)
             ww = wn = None
             if mw is not None:
-                ww = _witness(env, mw, new, schema_text, coords, "allow", "widening witness (new set)")
-                _witness(env, mw, old, schema_text, coords, "deny", "widening witness (old set)")
+                ww = _other(_witness(env, mw, new, schema_text, coords, "allow", "widening witness (new set)"),
+                            _witness(env, mw, old, schema_text, coords, "deny", "widening witness (old set)", placed=True))
             if mn is not None:
-                wn = _witness(env, mn, old, schema_text, coords, "allow", "narrowing witness (old set)")
-                _witness(env, mn, new, schema_text, coords, "deny", "narrowing witness (new set)")
+                wn = _other(_witness(env, mn, old, schema_text, coords, "allow", "narrowing witness (old set)"),
+                            _witness(env, mn, new, schema_text, coords, "deny", "narrowing witness (new set)", placed=True))
             out.replays += 2 * ((ww is not None) + (wn is not None))
             if ww is None and wn is None:
                 return
-            out.changes.append(Change(action, pt, rt, dict(coords), _verdict(env, 0, coords),
-                                      _verdict(env, 1, coords), ww, wn))
+            # A widening witness is an old deny and a new allow, a narrowing one the converse: each
+            # verdict needs at most the one query for the side no witness shows.
+            out.changes.append(Change(action, pt, rt, dict(coords),
+                                      _verdict(env, 0, coords, allow=wn is not None or None, deny=ww is not None or None),
+                                      _verdict(env, 1, coords, allow=ww is not None or None, deny=wn is not None or None),
+                                      ww, wn))
 
         env.refine({}, [z3.And(a_new, z3.Not(a_old)), z3.And(a_old, z3.Not(a_new))], stop, done)
         out.queries += env.queries

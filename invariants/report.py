@@ -2,8 +2,17 @@
 
 Exit codes (README "policy-check"): 0 everything proved and every policy test passed;
 1 an invariant is violated or vacuous, an action is uncovered, a policy test failed, a policy is
-invalid, or (``--compare``) the two sets differ; 2 usage error; 3 some result is
-UNKNOWN (and nothing failed); 4 the Z3 model and Cedar disagree on a counterexample.
+invalid, or (``--compare``) some class of requests widened (a narrowing is reported and passes);
+2 usage error; 3 some result is UNKNOWN (and nothing failed); 4 the Z3 model and Cedar disagree on
+a counterexample.
+
+A ``--compare`` report (``Report.diff`` set: an ``invariants.matrix.MatrixDiff``) is written as the
+changed cells of the access matrix with a witness each (``invariants.explain``), plus the per-action
+results ``newly-permitted``/``newly-denied`` (UNCHANGED, CHANGED = widened, NARROWED, UNKNOWN): JSON
+``changes`` and ``results``; SARIF, besides the per-action results, one result per action, direction and
+policy allowing the witnesses, at that policy, with its cells (``access-widened`` error,
+``access-narrowed`` note); JUnit a suite
+``access-changes`` with one case per changed cell (widened ones fail).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from .policytests import PolicyTestResult
 __all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log"]
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
-STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow",
+STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow", "NARROWED": "yellow",
          "UNKNOWN": "magenta", "DISAGREE": "bold white on red", "UNCOVERED": "red", "VACUOUS": "red"}
 
 
@@ -33,6 +42,9 @@ class Report:
     tests: list[PolicyTestResult] = field(default_factory=list)
     saved: dict[tuple[str, str], str] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    diff: Any = None  # --compare: the access-matrix diff (invariants.matrix.MatrixDiff)
+    old_policies: list[Any] = field(default_factory=list)  # --compare: the sets, to locate policies
+    new_policies: list[Any] = field(default_factory=list)
 
     def summary(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -47,6 +59,8 @@ def exit_code(rep: Report) -> int:
     st = {r.status for r in rep.results}
     if "DISAGREE" in st:
         return 4
+    if rep.diff is not None and rep.diff.widened:
+        return 1
     if st & FAIL or any(not t.passed for t in rep.tests):
         return 1
     if "UNKNOWN" in st:
@@ -67,7 +81,15 @@ def _json(rep: Report) -> dict[str, Any]:
                      "counterexample_file": rep.saved.get((r.invariant, r.action)),
                      "counterexample": r.counterexample} for r in rep.results],
         "tests": [asdict(t) for t in rep.tests],
+        **(_diff_json(rep) if rep.diff is not None else {}),
     }
+
+
+def _diff_json(rep: Report) -> dict[str, Any]:
+    from .explain import diff_json
+
+    doc = diff_json(rep.diff, rep.target)
+    return {k: doc[k] for k in ("widened", "unknown", "queries", "replays", "changes")}
 
 
 def _loc(file: str, line: int, column: int = 0, message: str = "") -> dict[str, Any]:
@@ -88,7 +110,7 @@ def _uri(path: str) -> str:
 
 
 def _sarif_result(r: CheckResult) -> dict[str, Any]:
-    level = "error" if r.status in FAIL | {"DISAGREE"} else "warning"
+    level = "error" if r.status in FAIL | {"DISAGREE"} else "note" if r.status == "NARROWED" else "warning"
     text = f"{r.status} on action {r.action}: " + (r.summary or r.message)
     if r.summary and r.blamed:
         text += " (" + ("evaluation error in " if (r.counterexample or {}).get("kind") == "never-errors"
@@ -133,7 +155,45 @@ def _sarif(rep: Report) -> dict[str, Any]:
             results.append({"ruleId": "policy-test", "level": "error",
                             "message": {"text": f"{t.name}: {t.message}"},
                             "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(t.file)}}}]})
+    if rep.diff is not None:
+        results += _change_results(rep)
+        rules += ["access-widened", "access-narrowed"]
     return sarif_log(results, rules + ["policy-test"])
+
+
+def _change_results(rep: Report) -> list[dict[str, Any]]:
+    """SARIF results for the changed cells: one per action, direction and policy that allows the witnesses
+    (NEW's for a widening, OLD's for a narrowing), located at that policy, with every cell and its
+    witness in ``properties.cells`` (a pull request that widens 200 classes through one permit gets one
+    annotation on that permit, not 200)."""
+    from .catalog import _refs
+    from .explain import change_text
+
+    groups: dict[tuple[str, str, str], list[tuple[Any, Any]]] = {}
+    for c in rep.diff.changes:
+        for w, rule in ((c.widen, "access-widened"), (c.narrow, "access-narrowed")):
+            if w is not None:
+                groups.setdefault((rule, c.action, ",".join(w.reasons)), []).append((c, w))
+    out = []
+    for (rule, action, _), items in groups.items():
+        c0, w0 = items[0]
+        pols = rep.new_policies if rule == "access-widened" else rep.old_policies
+        n = len(items)
+        text = (f"{'widened' if rule == 'access-widened' else 'narrowed'} {action} in {n} "
+                f"class{'es' * (n != 1)} of requests, e.g. {change_text(c0, w0).split(' ', 1)[1]}")
+        res: dict[str, Any] = {"ruleId": rule, "level": "error" if rule == "access-widened" else "note",
+                               "message": {"text": text},
+                               "properties": {"action": action, "cells": [
+                                   {"class": c.coords, "principal": c.principal, "resource": c.resource,
+                                    "old": c.old, "new": c.new, "witness": w.to_json()} for c, w in items]}}
+        where = [r for r in _refs(w0.reasons, pols) if r.file]
+        if where:
+            res["locations"] = [_loc(where[0].file, where[0].line, where[0].column, f"policy {where[0].id}")]
+            if where[1:]:
+                res["relatedLocations"] = [dict(_loc(r.file, r.line, r.column, f"policy {r.id}"), id=i)
+                                           for i, r in enumerate(where[1:])]
+        out.append(res)
+    return out
 
 
 def _junit(rep: Report) -> str:
@@ -154,6 +214,19 @@ def _junit(rep: Report) -> str:
         case = ET.SubElement(ts, "testcase", classname=t.file, name=t.name)
         if not t.passed:
             ET.SubElement(case, "failure", message=t.message, type="decision")
+    if rep.diff is not None:
+        from .explain import change_text
+
+        ch = rep.diff.changes
+        cs = ET.SubElement(suites, "testsuite", name="access-changes", tests=str(len(ch)),
+                           failures=str(sum(c.widened for c in ch)), skipped="0", errors="0")
+        for c in ch:
+            case = ET.SubElement(cs, "testcase", classname=c.action, name=change_text(c))
+            if c.widen is not None:
+                f = ET.SubElement(case, "failure", message=change_text(c, c.widen), type="WIDENED")
+                f.text = json.dumps(c.widen.to_json(), indent=1)
+            if c.narrow is not None:
+                ET.SubElement(case, "system-out").text = change_text(c, c.narrow)
     return ET.tostring(suites, encoding="unicode")
 
 
@@ -191,6 +264,24 @@ def _text(rep: Report, console: Console) -> None:
             console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
     s = rep.summary()
     console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
+
+
+def _compare_text(rep: Report, console: Console) -> None:
+    """``--compare``: the changed cells with their witnesses (``explain.render_diff``), then the
+    per-action answer in one line each and the exit code."""
+    from .explain import render_diff
+
+    render_diff(rep.diff, rep.target, console)
+    for status in ("CHANGED", "NARROWED", "UNKNOWN", "DISAGREE"):
+        hit = [r for r in rep.results if r.status == status]
+        if hit:
+            word = {"CHANGED": "newly permitted", "NARROWED": "newly denied"}.get(status, status)
+            console.print(f"[{STYLE.get(status, '')}]{word}[/]: " + ", ".join(sorted({r.action for r in hit})),
+                          highlight=False)
+    for r in rep.results:
+        if (r.invariant, r.action) in rep.saved:
+            console.print(f"saved: {rep.saved[(r.invariant, r.action)]}", highlight=False)
+    console.print(f"wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
 
 
 @dataclass(frozen=True)
@@ -255,7 +346,9 @@ def render_problems(problems: list[Problem], code: int, fmt: str, console: Conso
 
 def render(rep: Report, fmt: str, console: Console) -> None:
     """Write the report to ``console`` in ``fmt`` (text, json, sarif, junit)."""
-    if fmt == "text":
+    if fmt == "text" and rep.diff is not None:
+        _compare_text(rep, console)
+    elif fmt == "text":
         _text(rep, console)
     elif fmt == "json":
         console.file.write(json.dumps(_json(rep), indent=2) + "\n")

@@ -9,7 +9,7 @@ and the arithmetic. Lines and columns are 1-based; columns count Unicode code po
 ``columnKind: unicodeCodePoints``).
 
 Token kinds: ``str`` (a string literal, possibly unterminated: then it runs to the end of the text),
-``ident``, ``int``, ``op`` (``== != <= >= && || ::`` or any other single character). Whitespace and
+``ident``, ``slot`` (a template slot ``?principal``/``?resource``, one token as in Cedar), ``int``, ``op`` (``== != <= >= && || ::`` or any other single character). Whitespace and
 ``//`` comments are skipped.
 """
 
@@ -25,6 +25,7 @@ _TOK = re.compile(r'''
     (?P<ws>\s+)
   | (?P<comment>//[^\n]*)
   | (?P<str>"(?:[^"\\]|\\.)*"|"(?:[^"\\]|\\.)*\\?\Z)
+  | (?P<slot>\?(?:principal|resource)(?![A-Za-z0-9_]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<int>[0-9]+)
   | (?P<op>==|!=|<=|>=|&&|\|\||::|.)
@@ -80,7 +81,8 @@ def statement_start(toks: list[Token], k: int) -> int:
 def find_fragment(text: str, toks: list[Token], frag: str, lo: int, hi: int, attribute: bool = False) -> int | None:
     """Offset of the first place among tokens ``lo..hi`` where ``frag`` (the text a Cedar message names,
     e.g. ``nope``, ``\\q``, ``Agent::"x"``, ``N::Q``) is written: as the source text starting at a token,
-    as the JSON value of a string token, or inside a string literal (an escape). With ``attribute``,
+    as the JSON value of a string token, inside a string literal (an escape), or as consecutive tokens
+    written with spaces Cedar's message drops (``Action ::"read"``). With ``attribute``,
     an occurrence after ``.`` or ``has`` comes first."""
     if not frag:
         return None
@@ -101,6 +103,16 @@ def find_fragment(text: str, toks: list[Token], frag: str, lo: int, hi: int, att
             i = t.text.find(frag)
             if i >= 0:
                 return t.start + i
+    # Cedar prints a name without the source's spacing (`Actionwhen::"read"` for ``Actionwhen ::"read"``):
+    # the tokens from one on whose texts, concatenated, are the fragment.
+    for j, t in enumerate(window):
+        acc = ""
+        for u in window[j:]:
+            acc += u.text
+            if acc == frag:
+                return t.start
+            if not frag.startswith(acc):
+                break
     return None
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, HttpUrl, ValidationError, model_validator
+from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         description="rows derived from a deleted row: tombstoned too (cascade) or kept with the link "
         "shown as a redacted placeholder in lineage (redact); copies of the content are always tombstoned",
     )
+    chroma_content_keys: str = Field(
+        default="data", pattern=r"^[^,\s]*(,[^,\s]+)*$",
+        description="Chroma: metadata keys (comma-separated, first non-empty string wins) holding a row's text when "
+        "the row has no document — mem0's Memory keeps it in 'data' — compared for the forgotten-content rule and "
+        "deletion closure as a document is; '' = documents only")
     reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
     failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
     query_plan: Literal["auto", "pushdown", "postfilter-first"] = Field(
@@ -136,6 +141,13 @@ class Settings(BaseSettings):
         if isinstance(data, dict) and data.get("backend_auth_header") is None and data.get("backend") == "mem0":
             data = {**data, "backend_auth_header": "X-API-Key"}
         return data
+
+    @field_validator("chroma_content_keys")
+    @classmethod
+    def _content_keys_not_governed(cls, v: str) -> str:
+        if any(k.strip().startswith("mw_") for k in v.split(",")):
+            raise ValueError("content keys may not be mw_* keys (those are governed metadata)")
+        return v
 
     @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":

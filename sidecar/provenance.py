@@ -76,6 +76,25 @@ def normalise_content(text: str) -> str:
     return collapsed[start:end]
 
 
+def content_keys(spec: str) -> tuple[str, ...]:
+    """``"data,text"`` → ``("data", "text")``: the metadata keys a Chroma row's text may be kept in."""
+    return tuple(k for k in (x.strip() for x in spec.split(",")) if k)
+
+
+def row_text(document: Any, metadata: Any, keys: Iterable[str]) -> str | None:
+    """The content of a Chroma row: its document when it is a string, else the first of `keys` whose value in
+    `metadata` is a non-empty string (mem0's OSS ``Memory`` writes no document and keeps the text in metadata
+    ``data``), else None (the row has no content to compare)."""
+    if isinstance(document, str):
+        return document
+    if isinstance(metadata, dict):
+        for key in keys:
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
 def content_digest(key: bytes, text: str) -> str:
     """Hex HMAC-SHA256 of `normalise_content(text)` under the ledger's content key."""
     return hmac.new(key, normalise_content(text).encode("utf-8"), hashlib.sha256).hexdigest()

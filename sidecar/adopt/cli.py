@@ -83,7 +83,7 @@ def _print(reports: list[Any], fmt: str, show: int, report_file: Optional[Path])
                   markup=False)
         out.print(f"  scanned {r.scanned}", markup=False)
         out.print(f"  {'would adopt' if r.dry_run else 'adopted'} {r.adopted}", markup=False)
-        for name, counts in (("scope", r.by_scope), ("owner", r.by_owner), ("rule", r.by_rule)):
+        for name, counts in (("scope", r.by_scope), ("owner", r.by_owner), ("rule", r.by_rule), ("label", r.by_label)):
             if counts:
                 out.print(f"    by {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), markup=False)
         out.print(f"  already governed {r.already} (left as they are; {r.restamped} {'would be ' if r.dry_run else ''}"
@@ -110,6 +110,7 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
     from sidecar.adopt.engine import adopt
     from sidecar.adopt.rules import RulesError, load_rules
     from sidecar.adopt.targets import ChromaTarget, TargetError
+    from sidecar.provenance import content_keys
     from sidecar.ledger import CollectionRecord, ledger_from_settings, now_us
 
     if fmt not in ("text", "json"):
@@ -130,7 +131,8 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
             try:
                 target = ChromaTarget(str(settings.backend_url), rules.tenant, spec.database, spec.name,
                                       token=settings.backend_token, auth_header=_auth_header(settings, "Authorization"),
-                                      timeout_s=max(settings.backend_timeout_s, 60.0), page=page)
+                                      timeout_s=max(settings.backend_timeout_s, 60.0), page=page,
+                                      content_keys=content_keys(settings.chroma_content_keys))
             except TargetError as exc:
                 raise _refuse(f"{label}: {exc}", 1) from None
             try:

@@ -18,7 +18,7 @@ The ledger is written before the backend: a crash between the two leaves rows go
 (the sidecar serves them by id as the ledger says; its filtered reads miss them until stamped), and the next
 run stamps them. A re-run after a crash therefore ends in the state of an uninterrupted run; a run over a
 fully adopted collection changes nothing. Each adopted row records ``source`` ``<backend>:adopt:<rules
-sha256, 12 hex>``, writer ``adopt``, the rules' owner, fleet, scope and readers, the content HMAC of its text,
+sha256, 12 hex>``, writer ``adopt``, the rules' owner, fleet, scope, readers and labels, the content HMAC of its text,
 and its creation time (the backend's, when it keeps one; else the time of adoption).
 """
 
@@ -69,6 +69,7 @@ class Report:
     by_scope: Counter[str] = field(default_factory=Counter)
     by_owner: Counter[str] = field(default_factory=Counter)
     by_rule: Counter[str] = field(default_factory=Counter)
+    by_label: Counter[str] = field(default_factory=Counter)
     uncovered: list[tuple[str, str]] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
 
@@ -78,7 +79,7 @@ class Report:
             "scanned": self.scanned, "adopted": self.adopted, "already_governed": self.already,
             "restamped": self.restamped, "tombstoned": self.tombstoned, "pending": self.pending,
             "by_scope": dict(sorted(self.by_scope.items())), "by_owner": dict(sorted(self.by_owner.items())),
-            "by_rule": dict(sorted(self.by_rule.items())),
+            "by_rule": dict(sorted(self.by_rule.items())), "by_label": dict(sorted(self.by_label.items())),
             "uncovered": [{"id": i, "reason": r} for i, r in self.uncovered], "truncated": self.truncated,
         }
 
@@ -154,7 +155,7 @@ def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list
             backend=target.backend, collection=target.collection, row_id=found.row_id, tenant=rules.tenant,
             fleet=got.fleet, owner=got.owner, scope=got.scope, writer=WRITER,
             created_at=found.created_at if found.created_at is not None else now_us(),
-            readers=got.readers, request_id="", source=source,
+            readers=got.readers, labels=got.labels, request_id="", source=source,
             content_hmac=content_digest(key, found.text) if found.text is not None else None,
             extra={"cedar": cedar} if cedar else {},
         ), got))
@@ -180,4 +181,6 @@ def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list
         report.by_scope[r.scope] += 1
         report.by_owner[r.owner] += 1
         report.by_rule[a.rule] += 1
+        for label in r.labels:
+            report.by_label[label] += 1
     return None if dry_run else [(f, r) for f, r, _ in new] + restamp

@@ -9,11 +9,13 @@ Shape (every table optional except ``tenant``; unknown keys are errors)::
     owner = "red/importer"                # fleet/agent; a row no layer gives an owner is not adopted
     fleet = "red"                         # default: the owner's fleet
     readers = ["blue/analyst"]            # restricted rows: fleet/agent names
+    labels = ["imported"]                 # Memory.labels (policies may read them), sorted and deduplicated
 
     [scope_from]                          # a row's own metadata key → its scope (wins over every layer)
     key = "visibility"
     values = { public = "tenant", team = "fleet", private = "agent" }   # default: the scope names themselves
     readers_key = "shared_with"           # restricted rows: "fleet/agent,fleet/agent" in this metadata key
+    labels_key = "tags"                   # labels: "pii,finance" in this metadata key (wins over every layer)
 
     [[collection]]                        # Chroma: a collection to adopt, with its defaults (a layer)
     name = "support"
@@ -28,11 +30,14 @@ Shape (every table optional except ``tenant``; unknown keys are errors)::
     metadata = { team = "blue" }          # metadata values (exact, typed)
     owner = "blue/support"
     scope = "fleet"
+    labels = ["pii"]
 
 Per row: the owner comes from the first layer that names one ([[map]] match, then the collection or
 ``[mem0]``, then ``[defaults]``); the fleet from the owner's layer or a more specific one, else the owner's
 fleet; the scope from ``scope_from`` when the row has that key (a value it does not map leaves the row
-uncovered), else from the first layer that sets one; readers likewise. A row no layer gives an owner and a
+uncovered), else from the first layer that sets one; readers likewise; labels from ``labels_key`` when the row
+has it (a value that is not a label list leaves the row uncovered), else from the first layer that sets them
+(``labels = []`` sets none). A row no layer gives an owner and a
 scope is *uncovered*: not adopted, so it stays denied, and it is listed. Conditions and ``scope_from`` never
 read ``mw_*`` keys: governed keys already in a backend row were written around memwarden and are not trusted.
 """
@@ -48,6 +53,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sidecar.governance import SCOPES, agent_id
+from sidecar.ledger.base import check_names
 
 NATIVE_IDS = ("agent_id", "user_id", "run_id")
 _NAME = r"^[^/:\s]+$"
@@ -66,6 +72,12 @@ class _Layer(BaseModel):
     fleet: str | None = Field(default=None, pattern=_NAME)
     scope: str | None = None
     readers: tuple[str, ...] | None = None
+    labels: tuple[str, ...] | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else check_names("label", v)
 
     @field_validator("scope")
     @classmethod
@@ -114,10 +126,11 @@ class _ScopeFrom(BaseModel):
     key: str = Field(min_length=1)
     values: dict[str, str] | None = None
     readers_key: str | None = Field(default=None, min_length=1)
+    labels_key: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> "_ScopeFrom":
-        for k in (self.key, self.readers_key):
+        for k in (self.key, self.readers_key, self.labels_key):
             if k is not None and k.startswith("mw_"):
                 raise ValueError("scope_from may not read mw_* keys (governed keys in backend rows are not trusted)")
         bad = sorted(v for v in (self.values or {}).values() if v not in SCOPES)
@@ -153,6 +166,7 @@ class Assignment:
     scope: str
     readers: tuple[str, ...]
     rule: str
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,7 +249,16 @@ class Rules:
                 readers = tuple(dict.fromkeys(self._uid(x) for x in names))
             else:
                 readers = tuple(self._uid(x) for x in next((layer.readers for _, layer in layers if layer.readers), ()))
-        return Assignment(self._uid(owner), fleet, scope, readers, rule)
+        labels: tuple[str, ...] = next((layer.labels for _, layer in layers if layer.labels is not None), ())
+        if sf is not None and sf.labels_key and sf.labels_key in metadata:
+            raw = metadata[sf.labels_key]
+            try:
+                if not isinstance(raw, str):
+                    raise ValueError
+                labels = check_names("label", [x.strip() for x in raw.split(",") if x.strip()])
+            except ValueError:
+                return Uncovered(f"{sf.labels_key} is not a label list")
+        return Assignment(self._uid(owner), fleet, scope, readers, rule, labels)
 
 
 def _same(stored: Any, wanted: Scalar) -> bool:

@@ -2,7 +2,8 @@
 
 - `ChromaTarget`: one collection of a Chroma server, HTTP API v2 (chromadb 1.x): ``GET
   /api/v2/tenants/{t}/databases/{d}/collections/{name}`` to find it, ``GET …/{id}/count``, paged ``POST
-  …/{id}/get`` (``include: ["metadatas", "documents"]``, ``limit``/``offset``) to scan, ``POST …/{id}/update``
+  …/{id}/get`` (``include: ["metadatas", "documents"]``, ``limit``/``offset``) to scan (a row's text: its document,
+  else its first non-empty `content_keys` metadata value, as the sidecar reads it), ``POST …/{id}/update``
   with ``metadatas`` to stamp. Chroma merges update metadata into the row's and deletes a key sent as
   ``null``, so a stamp sets the governed keys and drops any other ``mw_*`` key the row carried.
 - `Mem0Target`: a self-hosted Mem0 REST server (mem0 ``server/main.py``, ``X-API-Key``): ``GET /entities``
@@ -25,7 +26,7 @@ import httpx
 from sidecar.backends.chroma import stamp as chroma_stamp
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.governance import Row
-from sidecar.provenance import GOVERNED_PREFIX
+from sidecar.provenance import GOVERNED_PREFIX, row_text
 
 MEM0_LIST_LIMIT = 1000
 MEM0_ENTITY_FIELDS = {"user": "user_id", "agent": "agent_id", "run": "run_id"}
@@ -76,8 +77,10 @@ class ChromaTarget:
     backend = "chroma"
 
     def __init__(self, url: str, tenant: str, database: str, name: str, *, token: str | None = None,
-                 auth_header: str = "Authorization", timeout_s: float = 60.0, page: int = 1000) -> None:
+                 auth_header: str = "Authorization", timeout_s: float = 60.0, page: int = 1000,
+                 content_keys: tuple[str, ...] = ("data",)) -> None:
         self.tenant, self.database, self.name, self.page = tenant, database, name, page
+        self.content_keys = content_keys
         self._http = _client(url, token, auth_header, timeout_s)
         self._base = f"/api/v2/tenants/{tenant}/databases/{database}/collections"
         coll = _json(self._http, "GET", f"{self._base}/{name}")
@@ -105,7 +108,10 @@ class ChromaTarget:
             if len(metas) != len(ids) or len(docs) != len(ids):
                 raise TargetError("get: columns of unequal length")
             if ids:
-                yield [Found(str(i), dict(m or {}), d if isinstance(d, str) else None) for i, m, d in zip(ids, metas, docs)]
+                page = [Found(str(i), dict(m or {}), None) for i, m in zip(ids, metas)]
+                for found, d in zip(page, docs):  # the document, else the metadata key mem0's Memory keeps its text in
+                    found.text = row_text(d, found.plain(), self.content_keys)
+                yield page
             if len(ids) < self.page:
                 return
             offset += len(ids)

@@ -23,6 +23,7 @@ Governance on top of Chroma:
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import structlog
@@ -32,14 +33,17 @@ from sidecar.config import Settings
 from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
-from sidecar.ledger import CollectionRecord, Ledger, now_us
+from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us
 from sidecar.planner import QueryPlanner
-from sidecar.provenance import FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, history_view, provenance_metadata, split_metadata
+from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
+                                row_text, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
+# Collection metadata key carrying the nonce of the create that made the collection (`CollectionIntent`).
+INTENT_KEY = "mw_create_intent"
 DEPLOYMENT = "chroma"  # Deployment::"chroma": the Chroma server behind this sidecar
 T = ("api", "v2", "tenants", "{tenant}")
 D = T + ("databases", "{database}")
@@ -269,6 +273,7 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.content_keys = content_keys(settings.chroma_content_keys)
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
@@ -389,7 +394,8 @@ class ChromaProfile:
         return 200, await self.upstream.call("DELETE", ex.segments)
 
     # -- collections ------------------------------------------------------------------------
-    def _known_collection(self, ex: Exchange, tenant: str, database: str, coll: Any) -> CollectionRecord:
+    def _known_collection(self, ex: Exchange, tenant: str, database: str, coll: Any,
+                          recovered: list[CollectionRecord] | None = None) -> CollectionRecord:
         """The ledger record of `coll` (Chroma's JSON for a collection found in tenant/database).
 
         Raises `Conflict` (409, "adopt it first") when Chroma holds the collection in the caller's tenant and
@@ -399,6 +405,10 @@ class ChromaProfile:
             raise NotFound("collection not found", reason="unknown_collection")
         p = self._p(ex)
         rec = self.ledger.get_collection(BACKEND, coll["id"])
+        if rec is None and tenant == p.tenant and coll.get("tenant") == tenant and coll.get("database") == database:
+            rec = self._recover(coll)
+            if rec is not None and recovered is not None:
+                recovered.append(rec)
         if rec is None:
             if tenant == p.tenant and coll.get("tenant") == tenant and coll.get("database") == database:
                 name = coll.get("name") if isinstance(coll.get("name"), str) else coll["id"]
@@ -411,7 +421,33 @@ class ChromaProfile:
             raise NotFound("collection not found", reason="unknown_collection")
         return rec
 
-    async def _open_collection(self, ex: Exchange, tenant: str, database: str, name: str) -> tuple[CollectionRecord, Any] | None:
+    def _recover(self, coll: dict[str, Any]) -> CollectionRecord | None:
+        """The collection a create through the sidecar made but did not register (it crashed, or the ledger failed,
+        between Chroma's create and the registration): registered now, for the creator of the intent, if `coll`
+        carries the nonce of a recorded `CollectionIntent` of its tenant, database and name. None otherwise — a
+        collection made around the sidecar carries no recorded nonce and stays unadopted (409)."""
+        meta = coll.get("metadata")
+        nonce = meta.get(INTENT_KEY) if isinstance(meta, dict) else None
+        if not isinstance(nonce, str) or not nonce:
+            return None
+        intent = self.ledger.collection_intent(BACKEND, nonce)
+        if intent is None or (intent.tenant, intent.database, intent.name) != (coll.get("tenant"), coll.get("database"), coll.get("name")):
+            return None
+        rec = CollectionRecord(BACKEND, coll["id"], intent.tenant, intent.database, intent.name, intent.created_by, intent.created_at)
+        try:
+            self.ledger.resolve_collection_intent(intent, rec)
+        except Exception:
+            # registered concurrently (another request recovered it first): the ledger's record stands
+            again = self.ledger.get_collection(BACKEND, coll["id"])
+            if again is None:
+                raise
+            return again
+        structlog.get_logger("memwarden.collections").info(
+            "collection_create_recovered", backend=BACKEND, collection=coll["id"], created_by=intent.created_by)
+        return rec
+
+    async def _open_collection(self, ex: Exchange, tenant: str, database: str, name: str,
+                               recovered: list[CollectionRecord] | None = None) -> tuple[CollectionRecord, Any] | None:
         """Chroma's collection `name` in tenant/database, opened by the caller: its ledger record and JSON
         after Cedar ``list`` on the collection (opening an existing collection is a read-level decision).
         None when Chroma has no collection of that name (its 404); 409/404 as `_known_collection`."""
@@ -421,7 +457,7 @@ class ChromaProfile:
             if exc.status == 404:
                 return None
             raise
-        rec = self._known_collection(ex, tenant, database, coll)
+        rec = self._known_collection(ex, tenant, database, coll, recovered)
         self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
         return rec, coll
 
@@ -438,7 +474,7 @@ class ChromaProfile:
         owned = {r.collection_id for r in self.ledger.list_collections(BACKEND, tenant, database)} if tenant == self._p(ex).tenant else set()
         visible = [c for c in result if isinstance(c, dict) and c.get("id") in owned]
         ex.rows_allowed, ex.rows_denied = len(visible), len(result) - len(visible)
-        visible = visible[offset:]
+        visible = [_public(c) for c in visible[offset:]]
         return 200, visible if limit is None else visible[:limit]
 
     async def op_count_collections(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -466,25 +502,42 @@ class ChromaProfile:
         if get_or_create:
             opened = await self._open_collection(ex, tenant, database, name)
             if opened is not None:
-                return 200, opened[1]
+                return 200, _public(opened[1])
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise BadRequest("metadata must be an object or null")
+        if any(isinstance(k, str) and k.startswith("mw_") for k in metadata or {}):
+            raise BadRequest("collection metadata keys starting with mw_ are governed by memwarden and cannot be set")
         self._require_namespace(ex, tenant, database, "create_collection")
+        # Crash-safe: the intent is durable before Chroma is called and its nonce goes into the new collection's
+        # metadata; a crash before the registration below is completed when the collection is next opened.
+        intent = CollectionIntent(BACKEND, secrets.token_hex(16), tenant, database, name, self._p(ex).uid[1], now_us())
+        self.ledger.record_collection_intent(intent)
         try:
-            coll = await self.upstream.call("POST", ex.segments, json_body={**body, "get_or_create": False})
+            coll = await self.upstream.call("POST", ex.segments, json_body={
+                **body, "metadata": {**(metadata or {}), INTENT_KEY: intent.nonce}, "get_or_create": False})
         except BackendClientError as exc:
+            self.ledger.resolve_collection_intent(intent, None)  # Chroma refused: it made nothing
             if exc.status != 409:
                 raise
-            # It exists (created since we looked, or a plain create of an existing name).
-            opened = await self._open_collection(ex, tenant, database, name)
-            if opened is None or not get_or_create:
+            # It exists (created since we looked, or a plain create of an existing name): opening it may
+            # complete an earlier create of this caller that crashed before its registration.
+            recovered: list[CollectionRecord] = []
+            opened = await self._open_collection(ex, tenant, database, name, recovered)
+            if opened is None:
                 raise
-            return 200, opened[1]
+            if not get_or_create and not (recovered and recovered[0].created_by == self._p(ex).uid[1]):
+                raise  # a plain create of an existing name is Chroma's 409, unless it completes the caller's own
+            return 200, _public(opened[1])
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
             raise UpstreamError("unexpected backend answer")
         if self.ledger.get_collection(BACKEND, coll["id"]) is not None:
             raise UpstreamError("backend reused a collection id")
-        self.ledger.register_collection(CollectionRecord(
-            BACKEND, coll["id"], tenant, database, name, self._p(ex).uid[1], now_us()))
-        return 200, coll
+        if "register-collection" in self.settings.failpoints:
+            raise RuntimeError("failpoint register-collection: the ledger registration failed")
+        self.ledger.resolve_collection_intent(intent, CollectionRecord(
+            BACKEND, coll["id"], tenant, database, name, intent.created_by, intent.created_at))
+        return 200, _public(coll)
 
     async def op_get_collection_by_name(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         tenant, database = params["tenant"], params["database"]
@@ -492,7 +545,7 @@ class ChromaProfile:
         coll = await self.upstream.call("GET", ex.segments)
         rec = self._known_collection(ex, tenant, database, coll)
         self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
-        return 200, coll
+        return 200, _public(coll)
 
     async def op_get_collection_by_id(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         tenant, database = params["tenant"], params["database"]
@@ -507,10 +560,13 @@ class ChromaProfile:
         self._require_collection(ex, params, "list")
         coll = await self.upstream.call("GET", ex.segments)
         self._known_collection(ex, tenant, database, coll)
-        return 200, coll
+        return 200, _public(coll)
 
     async def op_modify_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "admin")
+        meta = _obj(ex.body).get("new_metadata")
+        if isinstance(meta, dict) and any(isinstance(k, str) and k.startswith("mw_") for k in meta):
+            raise BadRequest("collection metadata keys starting with mw_ are governed by memwarden and cannot be set")
         return 200, await self.upstream.call("PUT", self._data_segments(rec, "")[:-1], json_body=_obj(ex.body))
 
     async def op_delete_collection(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -577,10 +633,12 @@ class ChromaProfile:
             _refuse_claims(pre)
         split = [self._requested(p, meta) for meta, _ in pre]
         documents = body.get("documents") or [None] * len(ids)
+        # A row's content: its document, else the metadata key its client keeps the text in (mem0's Memory: `data`).
+        texts = [row_text(documents[i], split[i][0], self.content_keys) for i in range(len(ids))]
         if op != "update":
             # The write decision first, on every id as a new row: a principal that may not write learns
             # nothing from what follows (which ids exist, which parent, fact or content is known).
-            as_new = [self._new_row(ex, rec, row_id, split[i][1], documents[i]) for i, row_id in enumerate(ids)]
+            as_new = [self._new_row(ex, rec, row_id, split[i][1], texts[i]) for i, row_id in enumerate(ids)]
             decisions = self.authz.decide_rows(ex, "write", as_new)
             denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
             if denied:
@@ -614,6 +672,7 @@ class ChromaProfile:
             views = self._views(ex, rec, [known[ids[i]] for i in echoed])
             for i in echoed:
                 split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
+        await self._stored_documents(rec, ids, known, documents, texts)
         checks: list[tuple[str, Row, dict[str, Any] | None]] = []
         final: dict[str, Row] = {}
         changed: list[Row] = []
@@ -625,19 +684,19 @@ class ChromaProfile:
                 row = known[row_id]
                 checks.append(("update", row, None))
                 moved = self._redistributed(p, row, requested)
-                new_text = isinstance(documents[i], str)
+                new_text = texts[i] is not None
                 if moved is not None or new_text:
                     updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
                     if moved is not None:
                         checks.append(("redistribute", row, moved[1]))
                     if new_text:
-                        self.prov.set_content(updated, documents[i])
+                        self.prov.set_content(updated, texts[i])
                     final[row_id] = updated
                     changed.append(updated)
                 else:
                     final[row_id] = row
             else:
-                row = self._new_row(ex, rec, row_id, requested, documents[i])
+                row = self._new_row(ex, rec, row_id, requested, texts[i])
                 final[row_id] = row
         for action in ("update", "redistribute"):  # "write" of the new rows was decided above
             batch = [(row, ctx) for a, row, ctx in checks if a == action]
@@ -649,7 +708,7 @@ class ChromaProfile:
             if denied:
                 ex.decision, ex.action, ex.row_ids = "deny", action, denied
                 raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
-        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if isinstance(documents[i], str) and ids[i] in known])
+        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
         self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
@@ -693,6 +752,26 @@ class ChromaProfile:
             self.ledger.update_governance(changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
+
+    async def _stored_documents(self, rec: CollectionRecord, ids: list[str], known: dict[str, Row],
+                                documents: list[Any], texts: list[str | None]) -> None:
+        """For existing rows whose new content would come from metadata (no document sent): a row Chroma holds
+        with a document keeps that document as its content, so its text is left as it is (`texts[i] = None`:
+        unchanged). One Chroma get of those ids, only when there are any."""
+        from_meta = [i for i, row_id in enumerate(ids) if row_id in known and texts[i] is not None
+                     and not isinstance(documents[i], str)]
+        if not from_meta:
+            return
+        resp = await self.upstream.call("POST", self._data_segments(rec, "get"),
+                                        json_body={"ids": [ids[i] for i in from_meta], "include": ["documents"]},
+                                        idempotent=True)
+        if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+            raise UpstreamError("unexpected backend answer")
+        docs = resp.get("documents") or [None] * len(resp["ids"])
+        with_document = {i for i, d in zip(resp["ids"], docs) if isinstance(d, str)}
+        for i in from_meta:
+            if ids[i] in with_document:
+                texts[i] = None
 
     async def op_add(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         return await self._write(ex, params, "add")
@@ -1012,6 +1091,15 @@ class ChromaProfile:
             raise NotFound("collection not found", reason="unknown_collection")
         self.authz.require(ex, "list", self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
         return rec.collection_id
+
+
+def _public(coll: Any) -> Any:
+    """Chroma's collection JSON as a client is shown it: without the create nonce (`INTENT_KEY`); metadata that
+    held only the nonce is null, as Chroma shows a collection created without metadata."""
+    if not isinstance(coll, dict) or not isinstance(coll.get("metadata"), dict) or INTENT_KEY not in coll["metadata"]:
+        return coll
+    meta = {k: v for k, v in coll["metadata"].items() if k != INTENT_KEY}
+    return {**coll, "metadata": meta or None}
 
 
 def _crash() -> None:

@@ -221,6 +221,20 @@ class Mem0Profile:
             return agent_id(p.tenant, p.fleet, text)
         raise BadRequest(f"{name} must be tenant/fleet/agent, fleet/agent or an agent of your fleet")
 
+    def _agent_filter(self, p: Principal, value: Any) -> str:
+        """A filter's ``agent_id`` value → what Mem0 stores: the agent uid (`_agent_ref`), or the value as it is when
+        adopted memories of the tenant are listed under it (`memwarden adopt mem0` keeps Mem0's agent_id) and it
+        names no memwarden agent of the tenant (the uid wins when both exist; a list asks under both)."""
+        raw = _ident(value, "agent_id")
+        adopted = ("agent_id", raw) in self.ledger.listing_keys(BACKEND, self.coll, p.tenant)
+        try:
+            uid = self._agent_ref(p, raw)
+        except BadRequest:
+            if adopted:
+                return raw
+            raise
+        return raw if adopted and uid not in self._tenant_agents(p) else uid
+
     def _tenant_agents(self, p: Principal) -> list[str]:
         return sorted({agent_id(k.tenant, k.fleet, k.agent) for k in self.ledger.list_keys(p.tenant)
                        if k.kind == "agent" and k.fleet and k.agent})
@@ -573,7 +587,8 @@ class Mem0Profile:
     async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
         """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
         the tenant, or for the one agent named; without a named agent also one per entity id under which
-        adopted memories of the tenant are listed, `Ledger.listing_keys`), in Mem0's order, before row-level
+        adopted memories of the tenant are listed, `Ledger.listing_keys`; with one, also that agent_id as Mem0
+        stores it when adopted memories of the tenant are listed under it), in Mem0's order, before row-level
         filtering."""
         p = self._p(ex)
         base: dict[str, str] = {"top_k": str(LIST_LIMIT), "show_expired": "true" if show_expired else "false"}
@@ -583,9 +598,19 @@ class Mem0Profile:
         named = query.get("agent_id")
         lookups: list[dict[str, str]] = []
         if named not in (None, "*"):
-            agents = [self._agent_ref(p, named)]
-            if not agents[0].startswith(p.tenant + "/"):
-                return []  # another tenant's agent: nothing of it is visible here
+            # An adopted memory kept the agent_id Mem0 gave it (`memwarden adopt mem0`): an agent_id the tenant's
+            # adopted memories are listed under names those memories too, as Mem0 itself would answer.
+            raw = _ident(named, "agent_id")
+            adopted = ("agent_id", raw) in self.ledger.listing_keys(BACKEND, self.coll, p.tenant)
+            try:
+                agents = [self._agent_ref(p, named)]
+            except BadRequest:
+                if not adopted:
+                    raise
+                agents = []  # not a memwarden agent reference (e.g. a tenant admin naming a bare id)
+            if adopted and raw not in agents:
+                lookups.append({**base, "agent_id": raw})
+            agents = [a for a in agents if a.startswith(p.tenant + "/")]  # another tenant's agent: nothing of it
         else:
             agents = self._tenant_agents(p)
             # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
@@ -664,7 +689,7 @@ class Mem0Profile:
                 value = value["eq"]
             if not isinstance(value, str) or value == "*":
                 raise BadRequest(f"{key} inside OR/NOT must be a plain id")
-            return self._agent_ref(p, value) if key == "agent_id" else _ident(value, key)
+            return self._agent_filter(p, value) if key == "agent_id" else _ident(value, key)
         self._check_value(key, value)
         return value
 
@@ -689,7 +714,7 @@ class Mem0Profile:
         self._check_value(key, value)
         if key in IDENTITY:
             def norm(v: Any) -> str:
-                return self._agent_ref(p, v) if key == "agent_id" else _ident(v, key)
+                return self._agent_filter(p, v) if key == "agent_id" else _ident(v, key)
 
             if value == "*":
                 return  # wildcard: no constraint; the caller's visibility still applies

@@ -6,13 +6,13 @@
 
 from typing import TYPE_CHECKING, Any
 
-from sidecar.ledger.base import CollectionRecord, KeyRecord, Ledger, StaleFact, new_key_secret, now_us
+from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, Ledger, StaleFact, new_key_secret, now_us
 from sidecar.ledger.sqlite import SQLiteLedger
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
 
-__all__ = ["CollectionRecord", "KeyRecord", "Ledger", "SQLiteLedger", "StaleFact", "new_key_secret", "ledger_from_settings",
+__all__ = ["CollectionIntent", "CollectionRecord", "KeyRecord", "Ledger", "SQLiteLedger", "StaleFact", "new_key_secret", "ledger_from_settings",
            "now_us", "open_ledger"]
 
 

@@ -138,6 +138,22 @@ class CollectionRecord:
     created_at: int
 
 
+@dataclass(frozen=True, slots=True)
+class CollectionIntent:
+    """A collection create the sidecar decided and is about to send to the backend (ledger schema version 7),
+    recorded before the backend call: `nonce` is also written into the new collection's metadata, so that after a
+    crash between the backend's create and `Ledger.resolve_collection_intent` the collection found under `name`
+    is registered only if it carries this nonce (it is the one this create made), never otherwise."""
+
+    backend: str
+    nonce: str
+    tenant: str
+    database: str
+    name: str
+    created_by: str
+    created_at: int
+
+
 class Ledger(Protocol):
     # keys and agents
     def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
@@ -151,6 +167,9 @@ class Ledger(Protocol):
     def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None: ...
     def list_collections(self, backend: str, tenant: str, database: str) -> list[CollectionRecord]: ...
     def delete_collection(self, backend: str, collection_id: str, by: str, request_id: str) -> None: ...
+    def record_collection_intent(self, intent: CollectionIntent) -> None: ...
+    def collection_intent(self, backend: str, nonce: str) -> CollectionIntent | None: ...
+    def resolve_collection_intent(self, intent: CollectionIntent, record: CollectionRecord | None) -> None: ...
     # rows
     def get_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> dict[str, Row]: ...
     def reserve_rows(self, rows: list[Row]) -> list[str]: ...

@@ -35,7 +35,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
-from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
@@ -43,7 +43,10 @@ from sidecar.ledger.sqlite import (
     MIGRATION_4_PARTITIONS,
     MIGRATION_5_ROLES,
     MIGRATION_6_LISTING_KEYS,
+    MIGRATION_7_COLLECTION_INTENTS,
     _activate,
+    _intent_from_db,
+    _intent_to_db,
     _fact_query,
     _closure_tombstone,
     _reset,
@@ -101,6 +104,8 @@ MIGRATIONS: list[str] = [
     MIGRATION_5_ROLES,
     # Version 6: listing keys of adopted rows.
     MIGRATION_6_LISTING_KEYS,
+    # Version 7: collection creates in flight.
+    MIGRATION_7_COLLECTION_INTENTS.replace("created_at INTEGER", "created_at BIGINT"),
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -336,6 +341,29 @@ class PostgresLedger:
                 (backend, tenant, database),
             ).fetchall()
         return [self._collection(r) for r in rows]
+
+    def record_collection_intent(self, intent: CollectionIntent) -> None:
+        """As `SQLiteLedger.record_collection_intent`."""
+        with self._tx() as db:
+            db.execute("INSERT INTO collection_intents VALUES (%s,%s,%s,%s,%s,%s,%s)", _intent_to_db(intent))
+
+    def collection_intent(self, backend: str, nonce: str) -> CollectionIntent | None:
+        with self._conn() as db:
+            r = db.execute("SELECT * FROM collection_intents WHERE backend = %s AND nonce = %s", (backend, nonce)).fetchone()
+        return None if r is None else _intent_from_db(r)
+
+    def resolve_collection_intent(self, intent: CollectionIntent, record: CollectionRecord | None) -> None:
+        """As `SQLiteLedger.resolve_collection_intent`."""
+        with self._tx() as db:
+            if record is not None:
+                db.execute(
+                    "INSERT INTO collections (backend, collection_id, tenant, database, name, created_by, created_at) "
+                    "VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                    (record.backend, record.collection_id, record.tenant, record.database, record.name, record.created_by, record.created_at),
+                )
+                self._notify(db, "collections")
+            db.execute("DELETE FROM collection_intents WHERE backend = %s AND (nonce = %s OR (%s AND tenant = %s AND database = %s "
+                       "AND name = %s))", (intent.backend, intent.nonce, record is not None, intent.tenant, intent.database, intent.name))
 
     def delete_collection(self, backend: str, collection_id: str, by: str, request_id: str) -> None:
         """Mark the collection deleted and tombstone all its rows (durable), in one transaction."""

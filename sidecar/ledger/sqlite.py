@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
-from sidecar.ledger.base import CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
 # (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
@@ -90,6 +90,16 @@ MIGRATION_6_LISTING_KEYS = """
         PRIMARY KEY (backend, collection_id, tenant, field, value)
     );
 """
+# Version 7: collection creates in flight (`CollectionIntent`): recorded before the backend's create, resolved
+# (registered, or dropped) after it, so a crash in between never leaves a collection nobody may open.
+MIGRATION_7_COLLECTION_INTENTS = """
+    CREATE TABLE collection_intents (
+        backend TEXT NOT NULL, nonce TEXT NOT NULL, tenant TEXT NOT NULL, database TEXT NOT NULL, name TEXT NOT NULL,
+        created_by TEXT NOT NULL, created_at INTEGER NOT NULL,
+        PRIMARY KEY (backend, nonce)
+    );
+    CREATE INDEX collection_intents_name ON collection_intents (backend, tenant, database, name);
+"""
 SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -130,7 +140,16 @@ MIGRATIONS: list[str] = [
     MIGRATION_4_PARTITIONS.replace("READERS_SORTED", SQLITE_READERS_SORTED),
     MIGRATION_5_ROLES,
     MIGRATION_6_LISTING_KEYS,
+    MIGRATION_7_COLLECTION_INTENTS,
 ]
+
+def _intent_to_db(i: CollectionIntent) -> tuple[Any, ...]:
+    return (i.backend, i.nonce, i.tenant, i.database, i.name, i.created_by, i.created_at)
+
+
+def _intent_from_db(r: Any) -> CollectionIntent:
+    return CollectionIntent(r["backend"], r["nonce"], r["tenant"], r["database"], r["name"], r["created_by"], r["created_at"])
+
 
 _ROW_COLUMNS = (
     "backend, collection_id, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, "
@@ -336,6 +355,28 @@ class SQLiteLedger:
                 (backend, tenant, database),
             ).fetchall()
         return [self._collection(r) for r in rows]
+
+    def record_collection_intent(self, intent: CollectionIntent) -> None:
+        """Record a collection create about to be sent to the backend (durable before it returns)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO collection_intents VALUES (?,?,?,?,?,?,?)", _intent_to_db(intent))
+
+    def collection_intent(self, backend: str, nonce: str) -> CollectionIntent | None:
+        with self._lock:
+            r = self._db.execute("SELECT * FROM collection_intents WHERE backend = ? AND nonce = ?", (backend, nonce)).fetchone()
+        return None if r is None else _intent_from_db(r)
+
+    def resolve_collection_intent(self, intent: CollectionIntent, record: CollectionRecord | None) -> None:
+        """In one transaction: register `record` (the collection `intent` made; None: it made none) and drop every
+        intent of the same name (a create that failed leaves nothing to resolve later)."""
+        with self._tx() as db:
+            if record is not None:
+                db.execute(
+                    "INSERT INTO collections (backend, collection_id, tenant, database, name, created_by, created_at) VALUES (?,?,?,?,?,?,?)",
+                    (record.backend, record.collection_id, record.tenant, record.database, record.name, record.created_by, record.created_at),
+                )
+            db.execute("DELETE FROM collection_intents WHERE backend = ? AND (nonce = ? OR (? AND tenant = ? AND database = ? AND name = ?))",
+                       (intent.backend, intent.nonce, record is not None, intent.tenant, intent.database, intent.name))
 
     def delete_collection(self, backend: str, collection_id: str, by: str, request_id: str) -> None:
         """Mark the collection deleted and tombstone all its rows (durable), in one transaction."""

@@ -4,9 +4,13 @@ holds that the ledger does not know is 409 "adopt it first" on every route that 
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 import pytest
 
-from tests.integration.conftest import Stack, Tenant, unit_vectors
+from sidecar.harness import Server, start_sidecar
+from tests.integration.conftest import POLICIES, Stack, Tenant, admin_client, unit_vectors
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +99,58 @@ def test_another_tenants_collection_is_404_not_409(stack: Stack, world: Tenant) 
     with stack.http(world.admin_key) as http:  # the other tenant's path is denied before Chroma is asked
         r = http.get(f"/api/v2/tenants/{other.name}/databases/default_database/collections/foreign-legacy")
     assert r.status_code == 403
+
+
+def test_a_create_whose_registration_failed_is_completed_by_a_retry(chroma_server: Server, tmp_path: Path) -> None:
+    """Creation is crash-safe: the create intent is in the ledger before Chroma is called and its nonce in the new
+    collection's metadata. With the ledger registration failing after Chroma's create (failpoint), the collection
+    Chroma made is registered on the next open — for its creator — and the creator's retry succeeds; a collection
+    made around the sidecar under the same name, or carrying a nonce the ledger never recorded, stays 409."""
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES,
+                         extra_env={"MEMWARDEN_FAILPOINTS": "register-collection"})
+    try:
+        stack = Stack(chroma_server, side, tmp_path / "ledger.db")
+        tenant = f"crc{uuid.uuid4().hex[:10]}"
+        admin = stack.key(tenant)
+        adm = admin_client(side.port, {"X-API-Key": admin})
+        adm.create_tenant(tenant)
+        adm.create_database("default_database", tenant=tenant)
+        client = stack.client(admin, tenant)
+        agent = stack.client(stack.key(tenant, "red", "a1", 1), tenant)
+        creator = f"{tenant}/admin/{admin.removeprefix('mwk_').split('.')[0]}"
+
+        for name, retry in (("by-get-or-create", "get_or_create"), ("by-create", "create")):
+            with pytest.raises(Exception, match="500|[Ii]nternal"):
+                client.create_collection(name, metadata={"topic": "ops"})
+            made = stack.direct(tenant).get_collection(name)  # Chroma made it; the ledger did not register it
+            assert not _registered(stack, str(made.id))
+            again = client.get_or_create_collection(name) if retry == "get_or_create" else client.create_collection(name)
+            assert str(again.id) == str(made.id) and again.metadata == {"topic": "ops"}  # the nonce is not shown
+            ledger = stack.ledger()
+            try:
+                rec = ledger.get_collection("chroma", str(made.id))
+            finally:
+                ledger.close()
+            assert rec is not None and (rec.name, rec.created_by) == (name, creator)
+            # usable as any collection: an agent opens it, writes and reads
+            coll = agent.get_collection(name)
+            coll.add(ids=["x"], embeddings=unit_vectors(1, seed=4), documents=["after the retry"])
+            assert coll.get(ids=["x"])["documents"] == ["after the retry"]
+            with pytest.raises(Exception, match="already exists|409"):
+                client.create_collection(name)  # registered now: a plain create of it is Chroma's 409 again
+
+        # A create that failed leaves its intent; a collection then made straight in Chroma under that name
+        # carries no recorded nonce (or a forged one) and is never registered by it.
+        with pytest.raises(Exception, match="500|[Ii]nternal"):
+            client.create_collection("squatted")
+        stack.direct(tenant).delete_collection("squatted")
+        stack.direct(tenant).create_collection("squatted", metadata={"mw_create_intent": "0" * 32})
+        for open_it in (lambda: client.get_or_create_collection("squatted"), lambda: agent.get_collection("squatted"),
+                        lambda: client.create_collection("squatted")):
+            with pytest.raises(Exception, match=ADOPT):
+                open_it()
+        assert not _registered(stack, str(stack.direct(tenant).get_collection("squatted").id))
+        with pytest.raises(Exception, match="governed by memwarden|400"):
+            client.create_collection("forged", metadata={"mw_create_intent": "1" * 32})  # clients cannot set it
+    finally:
+        side.stop()

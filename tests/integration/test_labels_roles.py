@@ -5,6 +5,8 @@ relabelled without "records-manager"), driven by the official client and raw HTT
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -157,3 +159,66 @@ def test_a_label_change_is_decided_as_redistribute(labelled: tuple[Server, Path,
         r = post(owner, "delete", {"ids": ["held"]})
         assert r.status_code == 200 and r.json() == {"deleted": 1}, r.text
         assert post(owner, "get", {"ids": ["held"]}).json()["ids"] == []
+
+
+def test_adopt_rules_assign_labels_a_policy_reads(labelled: tuple[Server, Path, Path], chroma_server: Server,
+                                                   tmp_path: Path) -> None:
+    """`memwarden adopt` rules give adopted rows labels — from a [[map]] entry, the collection's layer, or a
+    metadata key (`[scope_from] labels_key`) — and the labels policy of examples/labels-and-roles then decides
+    reads of the adopted rows as it does for rows written through the sidecar."""
+    side, ledger_path, _ = labelled
+    tenant = f"lab{uuid.uuid4().hex[:8]}"
+    ledger = SQLiteLedger(ledger_path)
+    try:
+        admin = ledger.create_key("admin", tenant, None, None, 0)[1]
+        plain = ledger.create_key("agent", tenant, "red", "plain", 1)[1]
+        cleared = ledger.create_key("agent", tenant, "red", "cleared", 1, roles=["pii-reader"])[1]
+        ledger.create_key("agent", tenant, "red", "importer", 1)
+    finally:
+        ledger.close()
+    direct = admin_client(chroma_server.port)  # straight into Chroma, as an application without memwarden
+    direct.create_tenant(tenant)
+    direct.create_database("default_database", tenant=tenant)
+    legacy = chroma_client(chroma_server.port, tenant).create_collection("legacy")
+    vec = unit_vectors(4, seed=9)
+    legacy.add(ids=["hr", "tagged", "menu", "bad"], embeddings=vec, documents=["salary of r2", "ssn of r3", "lunch", "x"],
+               metadatas=[{"kind": "hr"}, {"kind": "note", "tags": "pii, finance"}, {"kind": "note"},
+                          {"kind": "note", "tags": "p ii"}])
+    rules = tmp_path / "rules.toml"
+    rules.write_text(f'''tenant = "{tenant}"
+
+[[collection]]
+name = "legacy"
+owner = "red/importer"
+scope = "fleet"
+labels = ["imported"]
+
+[scope_from]
+key = "visibility"
+labels_key = "tags"
+
+[[map]]
+metadata = {{ kind = "hr" }}
+owner = "red/importer"
+labels = ["pii", "imported"]
+''')
+    exe = Path(sys.executable).with_name("memwarden")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWARDEN_")}
+    r = subprocess.run([str(exe), "adopt", "chroma", "--rules", str(rules), "--ledger", str(ledger_path),
+                        "--backend-url", chroma_server.url, "--format", "json"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    (rep,) = json.loads(r.stdout)
+    assert rep["adopted"] == 3 and rep["by_label"] == {"finance": 1, "imported": 2, "pii": 2}, rep
+    assert [u["id"] for u in rep["uncovered"]] == ["bad"]
+
+    def coll(key: str) -> chromadb.api.models.Collection.Collection:
+        return chroma_client(side.port, tenant, {"X-API-Key": key}).get_collection("legacy")
+
+    got = coll(cleared).get(include=["metadatas"])
+    assert {i: m.get("mw_labels") for i, m in zip(got["ids"], got["metadatas"])} == {
+        "hr": "imported,pii", "tagged": "finance,pii", "menu": "imported"}
+    assert sorted(coll(plain).get()["ids"]) == ["menu"]  # pii-read-needs-role: the labelled rows are hidden
+    assert coll(plain).query(query_embeddings=[vec[0]], n_results=4)["ids"][0] == ["menu"]
+    assert coll(plain).count() == 1 and coll(cleared).count() == 3
+    assert sorted(coll(admin).get()["ids"]) == ["hr", "menu", "tagged"]

@@ -183,3 +183,34 @@ def test_langchain_chroma_through_the_sidecar(stack: Stack, world: tuple[Tenant,
     stores["a1"].delete(ids=["lc-keys", "lc-kitchen"])
     assert stores["a1"].similarity_search("keys", k=5) == []
     assert stack.direct(t.name).get_collection("langchain").get(ids=ids)["ids"] == []
+
+
+def test_deletion_closure_holds_for_mem0_texts(stack: Stack, world: tuple[Tenant, dict[str, Any]]) -> None:
+    """mem0's Memory keeps a memory's text in metadata ``data`` (no Chroma document): the sidecar takes that as
+    the row's content (MEMWARDEN_CHROMA_CONTENT_KEYS), so a deleted text's copies go with it and the text may not
+    come back where it was readable."""
+    t, m = world
+    text = "the vault code is 7 3 1 9"
+    first = add(m["a1"], text, mw_scope="fleet")
+    copy = add(m["a1"], text, mw_scope="agent")  # the same text again, under another id
+    other = add(m["a1"], "the vault is in the basement", mw_scope="fleet")
+    m["a1"].delete(first)
+    for agent in ("a1", "a2"):
+        assert m[agent].get(first) is None and m[agent].get(copy) is None  # the copy went with it (closure)
+        assert text not in texts(m[agent].get_all(filters={"user_id": "u1"}, top_k=100))
+        assert text not in texts(m[agent].search("vault code", filters={"user_id": "u1"}, top_k=50, threshold=0.0))
+    assert m["a1"].get(other)["memory"] == "the vault is in the basement"
+    assert stack.direct(t.name).get_collection("mem0").get(ids=[first, copy])["ids"] == []
+    # the deleted text may not come back where it was readable: not by its writer, not by a fleet mate, not
+    # spelt differently, and not as an update of another memory
+    for agent, spelling in (("a1", text), ("a2", text), ("a1", "The vault code is 7 3 1 9!")):
+        with pytest.raises(Exception, match="409|deleted"):
+            add(m[agent], spelling, mw_scope="fleet")
+    with pytest.raises(Exception, match="409|deleted"):
+        m["a1"].update(other, text=text)
+    assert m["a1"].get(other)["memory"] == "the vault is in the basement"
+    for agent in ("a1", "a2"):
+        assert text not in texts(m[agent].get_all(filters={"user_id": "u1"}, top_k=100))
+        assert text not in texts(m[agent].search("vault code", filters={"user_id": "u1"}, top_k=50, threshold=0.0))
+    # another fleet never could read the deleted row: the text binds no one there (no oracle)
+    assert add(m["b1"], text, mw_scope="agent")

@@ -32,16 +32,22 @@ SCHEMA_MODEL = parse_schema(SCHEMA_TEXT)
 
 DEEP_MODEL = parse_schema(DEEP_SCHEMA)
 
+# schema text -> (schema model, cedarpy's pre-parsed Schema handle): parsed once, not per example
+_PARSED: dict[str, tuple[Any, Any]] = {SCHEMA_TEXT: (SCHEMA_MODEL, cedarpy.Schema.from_str(SCHEMA_TEXT)),
+                                       DEEP_SCHEMA: (DEEP_MODEL, cedarpy.Schema.from_str(DEEP_SCHEMA))}
+
 
 def check_agreement(text: str, entities: list[dict[str, Any]], request: dict[str, Any],
                     schema_text: str = SCHEMA_TEXT) -> bool:
     """Assert model == Cedar; returns False when the generated policies do not validate."""
-    if not cedarpy.validate_policies(text, schema_text).validation_passed:
+    if schema_text not in _PARSED:
+        _PARSED[schema_text] = (parse_schema(schema_text), cedarpy.Schema.from_str(schema_text))
+    model_schema, handle = _PARSED[schema_text]
+    if not cedarpy.validate_policies(text, handle).validation_passed:
         return False
     pols = parse_text(text, "generated.cedar").policies
-    cedar = authorize(request, pols, entities, schema_text).to_json()
-    model = evaluate(SCHEMA_MODEL if schema_text == SCHEMA_TEXT else parse_schema(schema_text),
-                     pols, request, entities)
+    cedar = authorize(request, pols, entities, handle).to_json()
+    model = evaluate(model_schema, pols, request, entities)
     assert model == cedar, (
         "Z3 model and Cedar disagree\n"
         f"policies:\n{text}\nrequest: {json.dumps(request)}\nentities: {json.dumps(entities)}\n"
@@ -151,3 +157,4 @@ def test_generator_covers_the_literal_space() -> None:
              "like literal star", "set duplicates"}
     assert want <= seen, sorted(want - seen)
     assert errors > 0  # overflow and missing attributes do occur
+

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
 from invariants.cli import explain_app
@@ -18,6 +18,7 @@ from invariants.engine import authorize
 from invariants.matrix import Matrix, build_matrix, classify, diff_matrices
 from invariants.project import load_project
 
+from .concrete_requests import requests
 from .conftest import POLICIES
 
 runner = CliRunner()
@@ -30,67 +31,19 @@ def matrix() -> Matrix:
     return build_matrix(PROJ.schema, PROJ.schema_text, PROJ.policies, actions=ACTIONS)
 
 
-def ref(t: str, i: str) -> dict[str, Any]:
-    return {"__entity": {"type": t, "id": i}}
-
-
-TENANTS, FLEETS, AGENTS = ["t1", "t2"], ["f1", "f2", "f3"], ["a1", "a2", "a3"]
-
-
-@st.composite
-def requests(draw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    action = draw(st.sampled_from(ACTIONS))
-    ad = PROJ.schema.actions[action]
-    pt, rt = draw(st.sampled_from(sorted(ad.principals))), draw(st.sampled_from(sorted(ad.resources)))
-    ents: list[dict[str, Any]] = []
-    fleet_tenant = {f: draw(st.sampled_from(TENANTS + [None])) for f in FLEETS}
-    for f, t in fleet_tenant.items():
-        ents.append({"uid": {"type": "Fleet", "id": f}, "attrs": {"tenant": ref("Tenant", t or "t9")},
-                     "parents": [{"type": "Tenant", "id": t}] if t else []})
-    ents += [{"uid": {"type": "Tenant", "id": t}, "attrs": {}, "parents": []} for t in TENANTS]
-    present = draw(st.sets(st.sampled_from(AGENTS)))
-    pid = draw(st.sampled_from(AGENTS)) if pt == "Agent" else "p"
-    for a in sorted(present | ({pid} if pt == "Agent" else set())):
-        ents.append({"uid": {"type": "Agent", "id": a}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
-                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
-                               "trust": draw(st.integers(-1, 5)), "roles": []}})
-    if pt == "TenantAdmin":
-        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))},
-                     "parents": []})
-    elif pt != "Agent":
-        ents.append({"uid": {"type": pt, "id": pid}, "attrs": {}, "parents": []})
-    rid = "r"
-    if rt == "Memory":
-        ents.append({"uid": {"type": "Memory", "id": rid}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS))),
-                               "fleet": ref("Fleet", draw(st.sampled_from(FLEETS))),
-                               "owner": ref("Agent", draw(st.sampled_from(AGENTS))),
-                               "scope": draw(st.sampled_from(["agent", "fleet", "tenant", "restricted", "x", ""])),
-                               "status": draw(st.sampled_from(["active", "superseded", "deleted", "gone"])),
-                               "readers": [ref("Agent", a) for a in sorted(draw(st.sets(st.sampled_from(AGENTS))))],
-                               "labels": []}})
-    elif rt in ("Collection", "Namespace"):
-        ents.append({"uid": {"type": rt, "id": rid}, "parents": [],
-                     "attrs": {"tenant": ref("Tenant", draw(st.sampled_from(TENANTS)))}})
-    else:
-        ents.append({"uid": {"type": rt, "id": rid}, "attrs": {}, "parents": []})
-    ctx: dict[str, Any] = {}
-    if action == "redistribute":
-        ctx = {"target_fleet": ref("Fleet", draw(st.sampled_from(FLEETS))), "target_scope": "fleet"}
-    req = {"principal": {"type": pt, "id": pid}, "action": {"type": "Action", "id": action},
-           "resource": {"type": rt, "id": rid}, "context": ctx}
-    return req, ents
+@pytest.fixture(scope="module")
+def cells(matrix: Matrix) -> dict[Any, Any]:
+    return matrix.by_key()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
-@given(requests())
-def test_cells_agree_with_cedar(matrix: Matrix, case: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+@given(requests(PROJ.schema, ACTIONS))
+def test_cells_agree_with_cedar(cells: dict[Any, Any], case: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     req, ents = case
     coords = classify(PROJ.schema, PROJ.schema_text, req, ents)
     key = (req["action"]["id"], req["principal"]["type"], req["resource"]["type"], tuple(sorted(coords.items())))
-    cell = matrix.by_key()[key]
+    cell = cells[key]
     cedar = authorize(req, PROJ.policies, ents, PROJ.schema_text)
     assert cell.verdict in ("permitted", "denied", "depends"), cell
     if cell.verdict == "permitted":
@@ -100,16 +53,20 @@ def test_cells_agree_with_cedar(matrix: Matrix, case: tuple[dict[str, Any], list
 
 
 def test_every_witness_replays_and_lies_in_its_cell(matrix: Matrix) -> None:
-    seen = 0
+    # The leaves of one proved region share its witnesses: each distinct witness is replayed once against
+    # the region it was found for (its cells' common proved_by).
+    seen: dict[tuple[int, bool], dict[str, str]] = {}
     for c in matrix.cells:
         for w, allow in ((c.allow, True), (c.deny, False)):
-            if w is None:
-                continue
-            seen += 1
-            assert authorize(w.request, PROJ.policies, w.entities, PROJ.schema_text).allow is allow
-            got = classify(PROJ.schema, PROJ.schema_text, w.request, w.entities)
-            assert all(got[k] == v for k, v in c.proved_by.items())
-    assert seen >= len({tuple(sorted(c.proved_by.items())) for c in matrix.cells})
+            if w is not None:
+                assert seen.setdefault((id(w), allow), c.proved_by) == c.proved_by, c
+    witnesses = {id(w): w for c in matrix.cells for w in (c.allow, c.deny) if w is not None}
+    for (wid, allow), region in seen.items():
+        w = witnesses[wid]
+        assert authorize(w.request, PROJ.policies, w.entities, PROJ.schema_text).allow is allow
+        got = classify(PROJ.schema, PROJ.schema_text, w.request, w.entities)
+        assert all(got[k] == v for k, v in region.items())
+    assert len(seen) >= len({tuple(sorted(c.proved_by.items())) for c in matrix.cells})
     verdicts = {c.verdict for c in matrix.cells}
     assert {"permitted", "denied"} <= verdicts and "unknown" not in verdicts
 
@@ -160,15 +117,18 @@ def test_diff_of_a_widened_copy() -> None:
 
 
 def test_explain_cli_prints_the_matrix_and_the_diff(tmp_path: Path) -> None:
-    res = runner.invoke(explain_app, [str(POLICIES), "--action", "read", "--action", "configure"])
+    # cheap actions for the CLI (the read matrix is the module fixture's, checked above)
+    res = runner.invoke(explain_app, [str(POLICIES), "--action", "list", "--action", "configure"])
     assert res.exit_code == 0, res.output
-    assert "read" in res.output and "configure" in res.output and "✓" in res.output and "✗" in res.output
+    assert "list" in res.output and "configure" in res.output and "✓" in res.output and "✗" in res.output
     assert "tenant admin" in res.output and "other tenant" in res.output and "witnesses replayed" in res.output
-    res = runner.invoke(explain_app, [str(POLICIES), "--action", "list", "--format", "json"])
+    res = runner.invoke(explain_app, [str(POLICIES), "--action", "configure", "--format", "json"])
     doc = json.loads(res.stdout)
-    assert res.exit_code == 0 and doc["cells"] and {c["action"] for c in doc["cells"]} == {"list"}
+    assert res.exit_code == 0 and doc["cells"] and {c["action"] for c in doc["cells"]} == {"configure"}
+    assert {(c["principal"], c["verdict"]) for c in doc["cells"]} == {("Operator", "permitted"), ("TenantAdmin", "denied"),
+                                                                        ("Agent", "denied")}
     new = _widened(tmp_path)
-    res = runner.invoke(explain_app, ["--compare", str(POLICIES), str(new), "-a", "read", "-a", "search"])
+    res = runner.invoke(explain_app, ["--compare", str(POLICIES), str(new), "-a", "read"])
     assert res.exit_code == 1, res.output
     assert "widened read: agent " in res.output and " may now read a fleet-scoped row" in res.output
     assert "✗→✓" in res.output

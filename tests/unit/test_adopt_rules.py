@@ -117,3 +117,50 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, where: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RulesError, match="cannot read"):
         load_rules(tmp_path / "nope.toml")
+
+
+def test_labels_from_layers_and_from_a_metadata_key(tmp_path: Path) -> None:
+    r = _rules(tmp_path, '''
+tenant = "acme"
+
+[defaults]
+scope = "fleet"
+owner = "red/importer"
+labels = ["imported"]
+
+[scope_from]
+key = "visibility"
+labels_key = "tags"
+
+[[collection]]
+name = "hr"
+labels = ["pii", "hr", "pii"]
+
+[[collection]]
+name = "plain"
+labels = []
+
+[[map]]
+metadata = { kind = "contract" }
+labels = ["legal-hold"]
+''')
+    hr, plain = r.collections()  # type: ignore[attr-defined]
+    assign = r.assign  # type: ignore[attr-defined]
+    assert assign(hr, {}, {}).labels == ("hr", "pii")                     # sorted, deduplicated
+    assert assign(plain, {}, {}).labels == ()                             # labels = [] sets none
+    assert assign(hr, {}, {"kind": "contract"}).labels == ("legal-hold",)  # the [[map]] layer first
+    assert assign(hr, {}, {"tags": "finance, pii"}).labels == ("finance", "pii")  # the metadata key wins
+    assert assign(hr, {}, {"tags": ""}).labels == ()
+    assert isinstance(assign(hr, {}, {"tags": "p ii"}), Uncovered)
+    assert isinstance(assign(hr, {}, {"tags": 3}), Uncovered)
+
+
+@pytest.mark.parametrize("bad", ['labels = ["p ii"]', 'labels = "pii"', 'labels = ["-x"]'])
+def test_bad_labels_are_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(RulesError, match="labels"):
+        _rules(tmp_path, f'tenant = "acme"\n[defaults]\n{bad}\n')
+
+
+def test_labels_key_may_not_read_governed_keys(tmp_path: Path) -> None:
+    with pytest.raises(RulesError, match="mw_"):
+        _rules(tmp_path, 'tenant = "acme"\n[scope_from]\nkey = "v"\nlabels_key = "mw_labels"\n')

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from sidecar.governance import Row
-from sidecar.ledger import CollectionRecord, Ledger, SQLiteLedger, StaleFact, open_ledger
+from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, SQLiteLedger, StaleFact, open_ledger
 from sidecar.ledger.postgres import MIGRATIONS as PG_MIGRATIONS
 from sidecar.ledger.postgres import PostgresLedger, SchemaOutOfDate
 from sidecar.ledger.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
@@ -288,6 +288,27 @@ def test_duplicate_collection_is_refused(ledger: Ledger) -> None:
     with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):
         ledger.register_collection(rec)
     assert [c.collection_id for c in ledger.list_collections("chroma", "t", "db")] == ["c1"]
+
+
+def test_collection_intents_resolve_once(ledger: Ledger, opener: Opener) -> None:
+    """A create intent is durable (seen by a second instance), found by its nonce only, and resolved in one
+    transaction with the registration: every intent of that name goes; a failed create drops only its own."""
+    a = CollectionIntent("chroma", "n-a", "t", "db", "mem", "t/admin/k1", 10)
+    b = CollectionIntent("chroma", "n-b", "t", "db", "mem", "t/admin/k2", 11)
+    other = CollectionIntent("chroma", "n-c", "t", "db", "other", "t/admin/k1", 12)
+    for intent in (a, b, other):
+        ledger.record_collection_intent(intent)
+    second = opener()
+    assert second.collection_intent("chroma", "n-a") == a and second.collection_intent("mem0", "n-a") is None
+    assert second.collection_intent("chroma", "nope") is None
+    ledger.resolve_collection_intent(other, None)  # Chroma refused this create: only its intent goes
+    assert ledger.collection_intent("chroma", "n-c") is None and ledger.collection_intent("chroma", "n-b") == b
+    ledger.resolve_collection_intent(a, CollectionRecord("chroma", "c1", "t", "db", "mem", a.created_by, a.created_at))
+    assert second.get_collection("chroma", "c1").created_by == "t/admin/k1"  # type: ignore[union-attr]
+    assert second.collection_intent("chroma", "n-a") is None and second.collection_intent("chroma", "n-b") is None
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):  # registered once, whoever races
+        ledger.resolve_collection_intent(b, CollectionRecord("chroma", "c1", "t", "db", "mem", b.created_by, 1))
+    assert second.get_collection("chroma", "c1").created_by == "t/admin/k1"  # type: ignore[union-attr]
 
 
 def test_postgres_versioned_migrations(pg_url: str) -> None:

@@ -139,6 +139,15 @@ def test_mem0_adopted_reads_match_cedar(mem0_stack: Mem0Stack, mem0_world: tuple
         assert {n for n, mid in ids.items() if h.get(f"/memories/{mid}/history").status_code == 200} == expected
         assert _names(ids, h.get("/memories").json()["results"]) == expected
         assert _names(ids, h.get("/memories", params={"user_id": "u1", "top_k": 100}).json()["results"]) == expected
+        # listed by the agent_id the application gave them in Mem0 (which adoption keeps), as Mem0 answers it
+        for writer in sorted({s.writer for s in SEEDS}):
+            by_agent = h.get("/memories", params={"agent_id": f"{w.name}-bot-{writer}", "top_k": 100})
+            assert by_agent.status_code == 200, by_agent.text
+            assert _names(ids, by_agent.json()["results"]) == expected & {s.row_id for s in SEEDS if s.writer == writer}
+            hits = h.post("/search", json={"query": TEXT["alpha"], "top_k": 50, "threshold": 0.0,
+                                           "filters": {"agent_id": f"{w.name}-bot-{writer}"}})
+            assert hits.status_code == 200, hits.text
+            assert _names(ids, hits.json()["results"]) == expected & {s.row_id for s in SEEDS if s.writer == writer}
         hits = h.post("/search", json={"query": TEXT["alpha"], "top_k": 50, "threshold": 0.0}).json()["results"]
         assert _names(ids, hits) & set(ids) == expected
         alpha = {s.row_id for s in SEEDS if s.topic == "alpha"}
