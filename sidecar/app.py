@@ -54,6 +54,8 @@ class Services:
         self.policy = PolicyHandle(settings.policies_dir, self.metrics, shadow=settings.shadow_mode,
                                    invariants_dir=settings.invariants_dir, check_timeout_s=settings.policy_check_timeout_s)
         raw_ledger = ledger or ledger_from_settings(settings)
+        if getattr(raw_ledger, "blocking_io", False) and not settings.ledger_off_loop:
+            raw_ledger.blocking_io = False  # inline PostgreSQL calls (`ledger_off_loop`)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
         instrumented = InstrumentedLedger(raw_ledger, self.metrics)

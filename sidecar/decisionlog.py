@@ -29,15 +29,28 @@ Memory content, query text, filters and keys are never logged.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import Any, Callable
 
+import orjson
 import structlog
 
 from sidecar import logsinks
 from sidecar.exchange import Exchange
 
 _configured = False
+
+
+def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> str:
+    """JSON text of a log event with orjson (UTF-8, non-string keys as strings, `default` for other
+    types); anything orjson refuses (an integer over 64 bits, say) goes to the standard library encoder,
+    so an event is never lost to serialisation."""
+    try:
+        return orjson.dumps(obj, default=default, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(obj, default=default)
 
 
 def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
@@ -51,7 +64,7 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             *([logsinks.MaskFields(mask)] if mask else []),
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping().get(level.upper(), logging.INFO)),
         logger_factory=logsinks.logger_factory(sink, path, max_bytes, backups),

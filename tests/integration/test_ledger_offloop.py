@@ -120,3 +120,19 @@ def test_lost_connections_fail_closed_then_recover(side: Side) -> None:
             break
         time.sleep(0.5)
     assert statuses[-1] == 200, statuses
+
+
+@pytest.mark.parametrize("off_loop", [True, False])
+def test_ledger_off_loop_setting(pg_url: str, off_loop: bool) -> None:  # noqa: F811
+    """`ledger_off_loop=false` keeps PostgreSQL calls inline; the default sends them to a thread."""
+    from sidecar import Settings, create_app
+    from sidecar.ledger import offloop
+
+    schema = fresh_schema()
+    ledger = PostgresLedger(pg_url, schema=schema, max_size=1)
+    try:
+        app = create_app(Settings(policies_dir=POLICIES, backend_url="http://127.0.0.1:9", ledger_url=pg_url,
+                                  ledger_schema=schema, ledger_off_loop=off_loop), ledger=ledger)
+        assert offloop.blocking(app.state.services.ledger) is off_loop
+    finally:
+        ledger.close()
