@@ -3,6 +3,7 @@ kept, valid set applied), shadow mode is refused without confirmation and loud w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -82,8 +83,14 @@ def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) ->
         # An agent key may not create tenants (request-level `admin`): denied by Cedar, forwarded in shadow mode.
         r = httpx.post(side.url + "/api/v2/tenants", json={"name": "shadowt"}, headers={"X-API-Key": agent}, trust_env=False)
         assert r.status_code == 200, r.text
-        decisions = [line for line in side.log.read_text().splitlines() if '"event": "decision"' in line]
-        assert any("shadow-mode:would-deny" in line for line in decisions)
+        events = []
+        for line in side.log.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # uvicorn's own lines
+        decisions = [e for e in events if isinstance(e, dict) and e.get("event") == "decision"]
+        assert decisions and any("shadow-mode:would-deny" in json.dumps(e) for e in decisions)
         assert "shadow_would_deny" in side.log.read_text()
     finally:
         side.stop()
