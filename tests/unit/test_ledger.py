@@ -437,15 +437,17 @@ def test_concurrent_activations_leave_exactly_one_active(opener: Opener) -> None
     rows = [_fact(f"w{i}", f"v{i}") for i in range(50)]
     assert first.reserve_rows(rows) == []
     errors: list[BaseException] = []
+    # One ledger (connection) per writer, opened before the race: what races is the activations, not the
+    # opens (50 opens at once queue on the migration lock and can outlast the pool timeout on a busy machine).
+    ledgers = [opener() for _ in rows]
 
-    def activate(row_id: str) -> None:
-        ledger = opener()
+    def activate(ledger: Any, row_id: str) -> None:
         try:
             ledger.activate_rows("chroma", "c1", [row_id])
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=activate, args=(r.row_id,)) for r in rows]
+    threads = [threading.Thread(target=activate, args=(ledger, r.row_id)) for ledger, r in zip(ledgers, rows)]
     for t in threads:
         t.start()
     for t in threads:
