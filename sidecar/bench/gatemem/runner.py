@@ -84,6 +84,8 @@ class Config:
     # backend="mem0": a running Mem0 REST backend and its X-API-Key; None: the run starts tests/mem0_server
     mem0_url: str | None = None
     mem0_key: str | None = None
+    # backend="mem0": every memory of the run carries run_id "<variant tenant>-<run_tag>" (None: a random tag)
+    run_tag: str | None = None
 
 
 @dataclass
@@ -453,7 +455,7 @@ def run(cfg: Config, progress: Callable[[str], None] = lambda s: None,
     if cfg.backend == "mem0":
         import secrets
 
-        run_tag = secrets.token_hex(3)  # a Mem0 backend may hold earlier runs' memories: confine to this run's
+        run_tag = cfg.run_tag or secrets.token_hex(3)  # a Mem0 backend may hold earlier runs' memories: confine to this run's
         if cfg.mem0_url is None:
             cfg = dataclasses.replace(cfg, mem0_key=cfg.mem0_key or "gatemem-" + secrets.token_hex(8))
             server = start_mem0(work / "mem0", str(cfg.mem0_key))
