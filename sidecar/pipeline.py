@@ -86,7 +86,7 @@ class Pipeline:
         key = canonicalize.credential(headers)
         if key is None:
             raise Unauthorized("missing API key")
-        principal = await offloop.call(self.ledger, self.ledger.authenticate, key)
+        principal = await offloop.authenticate(self.ledger, key)
         if principal is None:
             raise Unauthorized("unknown or revoked API key")
         ex.key_id = principal.key_id

@@ -36,6 +36,8 @@ READ_ONLY = frozenset({
     "content_copies", "active_fact", "forgotten", "content_key", "lineage", "backend_deleted_tombstones",
     "pending_tombstones", "ping", "visibility_counts", "pool_stats", "schema_version", "data_version",
     "cache_version", "close", "listing_keys", "collection_intent",
+    # the asynchronous hot-path reads (`sidecar.ledger.offloop`): never cached, they read rows and keys now
+    "authenticate_async", "read_rows_async", "key_valid", "open_async", "aclose",
 })
 
 

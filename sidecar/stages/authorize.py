@@ -173,9 +173,9 @@ class Authorizer:
         engine = ex.policy_set.engine
         attrs = getattr(engine, "row_classes", None)
         if contexts is not None or attrs is None:
-            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
+            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts, self.owners(ex, rows)))
         p = ex.principal
-        owners = self.ledger.agent_entities({r.owner for r in rows})
+        owners = self.owners(ex, rows)
         owner_keys = {uid: json.dumps(e, sort_keys=True) for uid, e in owners.items()} if "owner" in attrs else {}
         head = (p.kind, p.uid, p.trust, p.roles, action)
         keys = [(head, class_key(row, attrs, owner_keys)) for row in rows]
@@ -198,31 +198,37 @@ class Authorizer:
         return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
 
     async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> None:
-        """Read the ledger rows of `row_ids` and their owners' agent entities in one trip off the event
-        loop (`sidecar.ledger.offloop`), for the `readable_rows` calls of the read in progress; only
-        when the ledger is `offloop.blocking` (PostgreSQL). The rows are fetched now, on this request,
-        never taken from an earlier one; the caller drops them (`release`) when its read ends. Raises
-        `LedgerUnavailable` (503) when the ledger cannot answer."""
-        if not row_ids or not offloop.blocking(self.ledger):
+        """Read the ledger rows of `row_ids` and their owners' agent entities in one ledger round trip
+        that does not block the event loop (`sidecar.ledger.offloop.read_rows`: one statement on
+        PostgreSQL's asynchronous pool, or one worker-thread trip), for the `readable_rows` calls of the
+        read in progress; only when the ledger is `offloop.blocking` or `offloop.asynchronous`
+        (PostgreSQL). The rows are fetched now, on this request, never taken from an earlier one; the
+        caller drops them (`release`) when its read ends. Raises `LedgerUnavailable` (503) when the
+        ledger cannot answer."""
+        if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)):
             return
         ids = list(dict.fromkeys(row_ids))
-        ledger = self.ledger
-
-        def fetch() -> dict[str, Any]:
-            rows = ledger.get_rows(backend, collection_id, ids)
-            if rows:
-                ledger.agent_entities({r.owner for r in rows.values()})  # warms the agents cache (one query)
-            return rows
-
-        rows = await offloop.call(ledger, fetch)
+        rows, owners, _ = await offloop.read_rows(self.ledger, backend, collection_id, ids)
         pre = ex.prefetched.setdefault((backend, collection_id), {})
         for i in ids:
             pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
+        for row in rows.values():
+            ex.prefetched_owners[row.owner] = owners.get(row.owner)  # None: no such agent (asked)
 
     @staticmethod
     def release(ex: Exchange, backend: str, collection_id: str) -> None:
         """Drop the rows `prefetch` read for (backend, collection)."""
         ex.prefetched.pop((backend, collection_id), None)
+        ex.prefetched_owners.clear()
+
+    def owners(self, ex: Exchange, rows: list[Row]) -> dict[str, dict[str, Any]]:
+        """The agent entities of the owners of `rows` that the ledger knows: those `prefetch` read for the
+        read in progress when it read them all, else one ledger call."""
+        uids = {r.owner for r in rows}
+        pre = ex.prefetched_owners
+        if uids and all(u in pre for u in uids):
+            return {u: pre[u] for u in uids if pre[u] is not None}
+        return self.ledger.agent_entities(uids)
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
