@@ -9,9 +9,9 @@ other requests. A ledger that is unreachable, or whose pool has no connection fr
 `sidecar.errors.LedgerUnavailable` (503): the request is denied, nothing is served.
 
 The hot-path reads — `authenticate` and `read_rows` (a read's ledger rows, their owners and, when asked, a
-re-check of the caller's key) — are awaited on the event loop when the ledger has an asynchronous pool
-(``ledger.async_io``: `PostgresLedger`, unless the ``ledger_async`` setting is off): no thread hop, and
-`read_rows` is one round trip (one SQL statement). Otherwise they go through `call`.
+re-check of the caller's key: one SQL statement on PostgreSQL) — are awaited on the event loop when the
+ledger has an asynchronous pool (``ledger.async_io``: `PostgresLedger` with the ``ledger_async`` setting
+on), with no thread hop. Otherwise they go through `call`.
 """
 
 from __future__ import annotations
@@ -71,9 +71,13 @@ async def read_rows(ledger: Any, backend: str, collection_id: str, row_ids: list
                     ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
     """(ledger rows of `row_ids` by id, their owners' Cedar entities by agent uid, whether API key `key_id`
     is valid now — True when None), read now: one statement on an asynchronous ledger, else one
-    worker-thread trip (`call`). Raises `LedgerUnavailable` when the ledger cannot answer."""
+    worker-thread trip (`call`; on PostgreSQL the same one statement). Raises `LedgerUnavailable` when the
+    ledger cannot answer."""
     if asynchronous(ledger):
         return await _awaited(ledger.read_rows_async(backend, collection_id, row_ids, key_id))
+
+    if hasattr(ledger, "read_rows"):  # PostgreSQL: the same one statement, in a worker thread
+        return await call(ledger, ledger.read_rows, backend, collection_id, row_ids, key_id)
 
     def fetch() -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
         rows = ledger.get_rows(backend, collection_id, row_ids)

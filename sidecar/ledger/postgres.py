@@ -329,6 +329,19 @@ class PostgresLedger:
             cur = await db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
                                                 "ids": list(dict.fromkeys(row_ids))})
             result = await cur.fetchall()
+        return self._read_rows_result(result, key_id)
+
+    def read_rows(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
+                  ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        """`read_rows_async` on the synchronous pool (the same one statement)."""
+        with self._conn() as db:
+            result = db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
+                                             "ids": list(dict.fromkeys(row_ids))}).fetchall()
+        return self._read_rows_result(result, key_id)
+
+    @staticmethod
+    def _read_rows_result(result: list[dict[str, Any]], key_id: str | None
+                          ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
         rows: dict[str, Row] = {}
         owners: dict[str, dict[str, Any]] = {}
         key_ok = bool(result[0]["key_ok"]) if result else key_id is None
@@ -418,6 +431,12 @@ class PostgresLedger:
             else:
                 rows = db.execute("SELECT * FROM api_keys WHERE tenant = %s ORDER BY created_at, key_id", (tenant,)).fetchall()
         return [self._key(r) for r in rows]
+
+    def key_valid(self, key_id: str) -> bool:
+        """Whether key `key_id` exists and is not revoked (read now)."""
+        with self._conn() as db:
+            r = db.execute("SELECT 1 AS one FROM api_keys WHERE key_id = %s AND revoked_at IS NULL", (key_id,)).fetchone()
+        return r is not None
 
     def revoke_key(self, key_id: str) -> bool:
         """Revoke a key; True if it existed and was active. Committed before return."""

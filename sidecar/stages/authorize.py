@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
-from sidecar.errors import Forbidden
+from sidecar.errors import Forbidden, Unauthorized
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
 from sidecar.ledger import Ledger, offloop
@@ -63,6 +63,45 @@ class Authorizer:
     def __init__(self, policy: "PolicyHandle", ledger: Ledger) -> None:
         self.policy = policy
         self.ledger = ledger
+        # (method, canonical segments) -> whether the request is a read whose key re-check may ride on its
+        # first ledger read (`authenticate`); set by the backend profile, which ends such requests with `settle`.
+        self.deferrable: Callable[[str, list[str]], bool] = lambda method, segments: False
+
+    async def authenticate(self, ex: Exchange, key: str) -> Principal | None:
+        """The principal of API key `key`, or None (unknown, revoked, malformed).
+
+        Normally read from the ledger now (`offloop.authenticate`: one round trip, awaited on the
+        asynchronous pool or in a worker thread on PostgreSQL). For a read the profile marks `deferrable`,
+        on a ledger whose `read_rows` can re-check a key (PostgreSQL), a principal this process verified
+        earlier (`CachingLedger.verified_principal`, kept under the caches' invalidation rules) is used at
+        once and the key is re-checked in the same statement as the read's first ledger rows (`prefetch`)
+        or, when the read fetched none, by `settle` before the answer leaves: a key revoked by any replica
+        fails that very request with 401, nothing of the read is served, and the read costs one ledger
+        round trip. Raises `LedgerUnavailable` (503)."""
+        verified = getattr(self.ledger, "verified_principal", None)
+        if verified is not None and hasattr(self.ledger, "read_rows") and self.deferrable(ex.method, ex.segments):
+            p = verified(key)
+            if p is not None:
+                ex.key_recheck = (p.key_id, key)
+                return p
+        return await offloop.authenticate(self.ledger, key)
+
+    def _rechecked(self, ex: Exchange, key_ok: bool) -> None:
+        """Settle a pending key re-check with its answer: 401 (and the kept principal dropped) if the key is
+        no longer valid."""
+        pending, ex.key_recheck = ex.key_recheck, None
+        if pending is not None and not key_ok:
+            forget = getattr(self.ledger, "forget_key", None)
+            if forget is not None:
+                forget(pending[1])
+            raise Unauthorized("unknown or revoked API key")
+
+    async def settle(self, ex: Exchange) -> None:
+        """Re-check the caller's key now if `authenticate` deferred it and no `prefetch` did it (one round
+        trip); raises `Unauthorized` (401) if it was revoked, `LedgerUnavailable` (503)."""
+        if ex.key_recheck is not None:
+            _, _, key_ok = await offloop.read_rows(self.ledger, "", "", [], ex.key_recheck[0])
+            self._rechecked(ex, key_ok)
 
     def pushdown(self, configured: str) -> str:
         """The visibility filter to send to the backend: `configured` (``scope`` or ``tenant``), widened to
@@ -203,12 +242,15 @@ class Authorizer:
         PostgreSQL's asynchronous pool, or one worker-thread trip), for the `readable_rows` calls of the
         read in progress; only when the ledger is `offloop.blocking` or `offloop.asynchronous`
         (PostgreSQL). The rows are fetched now, on this request, never taken from an earlier one; the
-        caller drops them (`release`) when its read ends. Raises `LedgerUnavailable` (503) when the
-        ledger cannot answer."""
+        caller drops them (`release`) when its read ends. A key re-check `authenticate` deferred is made in
+        the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
+        when the ledger cannot answer."""
         if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)):
             return
         ids = list(dict.fromkeys(row_ids))
-        rows, owners, _ = await offloop.read_rows(self.ledger, backend, collection_id, ids)
+        recheck = ex.key_recheck[0] if ex.key_recheck is not None else None
+        rows, owners, key_ok = await offloop.read_rows(self.ledger, backend, collection_id, ids, recheck)
+        self._rechecked(ex, key_ok)
         pre = ex.prefetched.setdefault((backend, collection_id), {})
         for i in ids:
             pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
