@@ -61,8 +61,9 @@ class Settings(BaseSettings):
         "serves other requests meanwhile; false keeps them inline (fewer thread hops: lower latency at one client, "
         "lower throughput under concurrency)")
     ledger_async: bool = Field(
-        default=True, description="PostgreSQL: authenticate and the read path's row lookup are awaited on psycopg's "
-        "asynchronous pool (one SQL statement per backend batch, no thread hop); false: they follow ledger_off_loop")
+        default=False, description="PostgreSQL: authenticate and the read path's row lookup are awaited on psycopg's "
+        "asynchronous pool (no thread hop) instead of following ledger_off_loop; off by default: measured slower here "
+        "(psycopg's asyncio waits cost more event-loop time per query than a worker-thread hop)")
     ledger_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API keys (SQLite only), collections and agents are served from memory for at most "
         "this long while the ledger reports no change (sidecar/ledger/cache.py); 0 = no cache")

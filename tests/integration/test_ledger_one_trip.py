@@ -79,7 +79,7 @@ def pair(pg_url: str, chroma_server: Server, tmp_path_factory: pytest.TempPathFa
            "MEMWARDEN_LEDGER_POOL_MIN": "0", "MEMWARDEN_LEDGER_POOL_MAX": "2", "MEMWARDEN_LEDGER_CACHE_TTL_S": "60"}
     a = start_sidecar(chroma_server.url, tmp / "a.db", POLICIES, extra_env={**env, "MEMWARDEN_LEDGER_ASYNC": "false"})
     try:
-        b = start_sidecar(chroma_server.url, tmp / "b.db", POLICIES, extra_env=env)
+        b = start_sidecar(chroma_server.url, tmp / "b.db", POLICIES, extra_env={**env, "MEMWARDEN_LEDGER_ASYNC": "true"})
     except BaseException:
         a.stop()
         raise
