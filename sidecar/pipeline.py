@@ -111,9 +111,15 @@ class Pipeline:
         chunks: list[bytes] = []
         size = 0
         while True:
+            # asyncio.timeout, not wait_for: no task per receive (wait_for wraps the coroutine in one).
+            # At or past the deadline it is a timeout, as wait_for's zero timeout was.
+            remaining = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError as exc:
+                if remaining <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(remaining):
+                    message = await receive()
+            except TimeoutError as exc:
                 raise RequestTimeout(f"request body not received within {self.body_timeout_s:g} s "
                                      "(MEMWARDEN_BODY_TIMEOUT_S)") from exc
             if message["type"] == "http.disconnect":
