@@ -30,7 +30,7 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us
@@ -49,6 +49,8 @@ T = ("api", "v2", "tenants", "{tenant}")
 D = T + ("databases", "{database}")
 C = D + ("collections", "{collection}")
 
+# Reads whose key re-check is made in the statement of their first ledger rows (`ChromaProfile.deferrable`).
+DEFERRED_KEY_CHECK = frozenset({"get", "query", "count"})
 ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", ("api", "v2", "heartbeat"), "system"),
     ("GET", ("api", "v2", "version"), "system"),
@@ -274,16 +276,32 @@ class ChromaProfile:
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
         self.content_keys = content_keys(settings.chroma_content_keys)
+        authz.deferrable = self.deferrable
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
 
+    def deferrable(self, method: str, segments: list[str]) -> bool:
+        """Whether the request is a pure read (`DEFERRED_KEY_CHECK`: get, query, count — they change nothing in
+        the ledger or the backend) whose key re-check may ride on its first ledger read
+        (`Authorizer.authenticate`); `handle` settles it before any answer."""
+        route = self.match(method, segments)
+        return route is not None and route.op in DEFERRED_KEY_CHECK
+
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
         ex.operation = route.op
         handler = getattr(self, f"op_{route.op}")
-        return await handler(ex, route.params)
+        try:
+            result = await handler(ex, route.params)
+        except LedgerUnavailable:
+            raise  # 503 already: asking the ledger again would only wait for it twice
+        except Exception:
+            await self.authz.settle(ex)  # a revoked key is answered 401, whatever else went wrong
+            raise
+        await self.authz.settle(ex)
+        return result
 
     # -- helpers ------------------------------------------------------------------------------
     def _p(self, ex: Exchange) -> Principal:
