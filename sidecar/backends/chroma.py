@@ -51,6 +51,9 @@ C = D + ("collections", "{collection}")
 
 # Reads whose key re-check is made in the statement of their first ledger rows (`ChromaProfile.deferrable`).
 DEFERRED_KEY_CHECK = frozenset({"get", "query", "count"})
+# Routes whose ``{collection}`` is a collection id (the others name a collection).
+BY_COLLECTION_ID = frozenset({"get_collection_by_id", "add", "upsert", "update", "get", "query", "delete", "count",
+                              "collection_info"})
 ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", ("api", "v2", "heartbeat"), "system"),
     ("GET", ("api", "v2", "version"), "system"),
@@ -294,6 +297,8 @@ class ChromaProfile:
         ex.operation = route.op
         handler = getattr(self, f"op_{route.op}")
         try:
+            if route.op in BY_COLLECTION_ID:
+                await self.authz.warm_collection(BACKEND, route.params["collection"])  # off the loop (PostgreSQL)
             result = await handler(ex, route.params)
         except LedgerUnavailable:
             raise  # 503 already: asking the ledger again would only wait for it twice
