@@ -23,13 +23,14 @@ import httpx
 import structlog
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sidecar import decisionlog
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
-from sidecar.ledger import Ledger, ledger_from_settings
+from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
@@ -56,6 +57,8 @@ class Services:
         raw_ledger = ledger or ledger_from_settings(settings)
         if getattr(raw_ledger, "blocking_io", False) and not settings.ledger_off_loop:
             raw_ledger.blocking_io = False  # inline PostgreSQL calls (`ledger_off_loop`)
+        if getattr(raw_ledger, "async_io", False) and not settings.ledger_async:
+            raw_ledger.async_io = False  # hot-path reads through the synchronous pool too (`ledger_async`)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
         instrumented = InstrumentedLedger(raw_ledger, self.metrics)
@@ -94,6 +97,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             await services.profile.reconcile()
         except Exception:  # backend down at start: tombstones stay pending, rows stay hidden
             decisionlog.structlog.get_logger("memwarden").warning("reconcile_failed")
+        if offloop.asynchronous(services.ledger):
+            await services.ledger.open_async()  # the asynchronous pool lives in this loop
         tasks = _start_policy_reload(services)
         if settings.reconcile_interval_s > 0:
             tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
@@ -101,8 +106,9 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         for task in tasks:
             task.cancel()
         await services.upstream.close()
+        await offloop.aclose(services.ledger)
 
-    app = FastAPI(title="memwarden", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = MemwardenApp(title="memwarden", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.services = services
 
     @app.get("/_memwarden/healthz")
@@ -132,7 +138,42 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
 
     app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics,
                        max_inflight=settings.max_inflight_requests)
+    app.pipeline_entry = PipelineMiddleware(None, services.pipeline, metrics=services.metrics,  # type: ignore[arg-type]
+                                            max_inflight=settings.max_inflight_requests)
     return app
+
+
+class MemwardenApp(FastAPI):
+    """The FastAPI app, entered directly by pipeline traffic: an HTTP request whose raw path is not one of
+    `INTERNAL_ROUTES` goes straight to `pipeline_entry` (a `PipelineMiddleware`) instead of through
+    Starlette's middleware stack (its error middleware, FastAPI's telemetry and body-limit layers, the
+    router), none of which acts on a request the pipeline answers. An exception escaping the pipeline
+    entry is answered as Starlette's error middleware answers it (500 ``Internal Server Error`` unless a
+    response was started) and re-raised for the server to log. Everything else (the probes, WebSockets,
+    lifespan) goes through FastAPI, where the same `PipelineMiddleware` is the outermost user layer."""
+
+    pipeline_entry: "PipelineMiddleware | None" = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self.pipeline_entry
+        if entry is None or scope["type"] != "http" or \
+                (scope.get("raw_path") or scope.get("path", "").encode("latin-1", "replace")) in INTERNAL_ROUTES:
+            await super().__call__(scope, receive, send)
+            return
+        started = False
+
+        async def _send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await entry(scope, receive, _send)
+        except Exception:
+            if not started:
+                await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
 
 
 class PipelineMiddleware:

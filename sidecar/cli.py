@@ -427,12 +427,12 @@ def bench_gatemem(
     data: Path = typer.Option(..., help="a checkout of GateMem's bench/data (one directory per domain)"),
     domains: str = typer.Option("medical,office,education,household", help="comma-separated"),
     k: str = typer.Option("5,10,20", help="top-k values, comma-separated"),
-    backend: str = typer.Option("chroma", help="chroma (mem0: not implemented yet)"),
+    backend: str = typer.Option("chroma", help="chroma, or mem0 (our Mem0 REST test server on mem0ai, started for the run)"),
     jobs: int = typer.Option(2, min=1, help="episodes replayed at once"),
     out: Optional[Path] = typer.Option(None, help="run directory (default runs/gatemem-<UTC time>)"),
     episodes: Optional[int] = typer.Option(None, min=1, help="only the first N episodes of each domain"),
 ) -> None:
-    """Replay GateMem turn by turn into Chroma alone, through memwarden with ingest-time labels, and through
+    """Replay GateMem turn by turn into the backend alone (Chroma or Mem0), through memwarden with ingest-time labels, and through
     memwarden with labels from the hidden annotations (upper bound); score every checkpoint at the retrieval
     layer and write records.jsonl, summary.md/json and plots."""
     import datetime as dt
@@ -455,8 +455,8 @@ def bench_gatemem(
     if not ks or ks[0] < 1:
         console.print("[red]--k must be positive integers, comma-separated[/red]")
         raise typer.Exit(2)
-    if backend != "chroma":
-        console.print(f"[red]--backend {backend}: only chroma is implemented[/red]")
+    if backend not in ("chroma", "mem0"):
+        console.print(f"[red]--backend {backend}: choose chroma or mem0[/red]")
         raise typer.Exit(2)
     missing = [d for d in names if not (data / d / "episodes.jsonl").exists() or not (data / d / "checkpoints.jsonl").exists()]
     if missing:

@@ -23,7 +23,7 @@ from sidecar import decisionlog, lineage
 from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
-from sidecar.ledger import Ledger, offloop
+from sidecar.ledger import Ledger
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
@@ -86,7 +86,7 @@ class Pipeline:
         key = canonicalize.credential(headers)
         if key is None:
             raise Unauthorized("missing API key")
-        principal = await offloop.call(self.ledger, self.ledger.authenticate, key)
+        principal = await self.authz.authenticate(ex, key)
         if principal is None:
             raise Unauthorized("unknown or revoked API key")
         ex.key_id = principal.key_id
@@ -111,9 +111,15 @@ class Pipeline:
         chunks: list[bytes] = []
         size = 0
         while True:
+            # asyncio.timeout, not wait_for: no task per receive (wait_for wraps the coroutine in one).
+            # At or past the deadline it is a timeout, as wait_for's zero timeout was.
+            remaining = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError as exc:
+                if remaining <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(remaining):
+                    message = await receive()
+            except TimeoutError as exc:
                 raise RequestTimeout(f"request body not received within {self.body_timeout_s:g} s "
                                      "(MEMWARDEN_BODY_TIMEOUT_S)") from exc
             if message["type"] == "http.disconnect":

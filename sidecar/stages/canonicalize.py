@@ -210,6 +210,72 @@ def _check_tree(value: Any, max_depth: int) -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
+_FINITE = math.isfinite
+_NO_CHECK = frozenset({int, bool, type(None)})
+
+
+def _valid_tree(value: Any, max_depth: int) -> bool:
+    """Whether `_check_tree` would accept `value` (same rules, any visiting order): containers are
+    walked, scalars are checked where they are met (a long list of floats in bulk, ``map(math.isfinite)``),
+    and every string and key is collected and encoded once (a lone surrogate fails the UTF-8 encoding
+    of the joined text exactly when it fails the encoding of its own string: `str` never pairs code
+    points). The fast path of `_check_tree` and `well_formed`; a refused value is walked again by
+    `_check_tree` in its own order, so the error named is unchanged."""
+    strings: list[str] = []
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        t = type(item)
+        if t is dict:
+            strings.extend(item)
+            children: Any = item.values()
+        elif t is list:
+            children = item
+            if len(item) > 8:
+                types = set(map(type, item))
+                if types == {float}:
+                    if depth > max_depth or not all(map(_FINITE, item)):
+                        return False
+                    continue
+                if types == {str}:
+                    if depth > max_depth:
+                        return False
+                    strings.extend(item)
+                    continue
+        elif t is str:
+            strings.append(item)
+            continue
+        elif t is float:
+            if not _FINITE(item):
+                return False
+            continue
+        elif t in _NO_CHECK:
+            continue
+        else:  # subclasses and other types: the reference rules, in the reference walk
+            try:
+                _check_tree(item, max_depth - depth + 1)
+            except BadRequest:
+                return False
+            continue
+        if depth > max_depth:
+            return False
+        d = depth + 1
+        for child in children:
+            t = type(child)
+            if t is str:
+                strings.append(child)
+            elif t is float:
+                if not _FINITE(child):
+                    return False
+            elif t not in _NO_CHECK:
+                stack.append((child, d))
+    try:
+        "".join(strings).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _no_surrogates(text: str) -> None:
     try:
         text.encode("utf-8")
@@ -238,7 +304,8 @@ def parse_json_body(body: bytes, content_type: str | None, max_depth: int = 32) 
         raise BadRequest(f"JSON body nests deeper than the limit of {max_depth} levels (MEMWARDEN_MAX_JSON_DEPTH)") from exc
     except ValueError as exc:
         raise BadRequest("malformed JSON body") from exc
-    _check_tree(value, max_depth)
+    if not _valid_tree(value, max_depth):
+        _check_tree(value, max_depth)  # raises the reference walk's first error
     return value
 
 
@@ -246,11 +313,7 @@ def well_formed(value: Any, max_depth: int) -> bool:
     """Whether a backend value passes the rules a request body must pass (`_check_tree`): nesting at
     most `max_depth`, finite numbers, no lone surrogates. Used on each row a backend returns, so one
     malformed row is dropped instead of failing a response for the others."""
-    try:
-        _check_tree(value, max_depth)
-    except BadRequest:
-        return False
-    return True
+    return _valid_tree(value, max_depth)
 
 
 def check_filter_size(value: Any, name: str, limit: int) -> None:

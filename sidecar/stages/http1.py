@@ -122,10 +122,22 @@ class Http1Transport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme != "http":
             raise httpx.UnsupportedProtocol(f"only http:// backends are supported, not {request.url.scheme}://", request=request)
-        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = await request.aread()
-        head = self._head(request, len(body))
         retryable = request.method.encode() in IDEMPOTENT_METHODS or request.extensions.get("memwarden.idempotent") is True
+        status, headers, content = await self.send(
+            request.method, self._head(request, len(body)), body, request.extensions.get("timeout", {}),
+            retryable, request.url.host, request.url.port or 80, request)
+        return httpx.Response(status, headers=headers, content=content, request=request,
+                              extensions={"http_version": b"HTTP/1.1"})
+
+    async def send(self, method: str, head: bytes, body: bytes, timeouts: dict[str, float | None], retryable: bool,
+                   host: str, port: int, request: httpx.Request | None = None
+                   ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """One exchange without httpx's request and response objects (the forward stage's hot path):
+        `head` is the request line and headers as sent (`_head`), `body` the content, `timeouts` httpx's
+        timeout extension (seconds per phase), `retryable` whether a stale pooled connection may be
+        retried (see the module docstring). Returns (status, raw response headers, body). Raises the
+        httpx exceptions of `handle_async_request` (attributed to `request` when given)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # connections and the semaphore belong to one event loop
             for conn in self._idle:
@@ -140,9 +152,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
         try:
             for attempt in (0, 1):
-                conn = await self._connection(request, timeouts.get("connect"))
+                conn = await self._connection(request, host, port, timeouts.get("connect"))
                 try:
-                    response, keep = await self._exchange(request, conn, head, body, timeouts)
+                    response, keep = await self._exchange(request, method, conn, head, body, timeouts)
                 except _StaleConnection as exc:
                     conn.close()
                     if retryable and attempt == 0:
@@ -164,10 +176,16 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     @staticmethod
     def _head(request: httpx.Request, length: int) -> bytes:
-        target = request.url.raw_path
-        lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        return Http1Transport.head(request.method, request.url.raw_path, request.headers.raw, length)
+
+    @staticmethod
+    def head(method: str, target: bytes, raw_headers: list[tuple[bytes, bytes]], length: int) -> bytes:
+        """The request line and headers sent for `method` `target` with `raw_headers` (httpx's
+        ``Request.headers.raw``) and a body of `length` bytes: framing headers of the caller dropped,
+        ``Content-Length`` set to `length` (added when absent, unless a bodiless GET/HEAD/DELETE/OPTIONS)."""
+        lines = [method.encode(), b" ", target, b" HTTP/1.1\r\n"]
         has_length = False
-        for name, value in request.headers.raw:
+        for name, value in raw_headers:
             lower = name.lower()
             if lower in (b"transfer-encoding", b"connection", b"keep-alive", b"expect", b"upgrade"):
                 continue
@@ -175,20 +193,18 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 has_length = True
                 value = str(length).encode()
             lines += [name, b": ", value, b"\r\n"]
-        if not has_length and (length or request.method not in ("GET", "HEAD", "DELETE", "OPTIONS")):
+        if not has_length and (length or method not in ("GET", "HEAD", "DELETE", "OPTIONS")):
             lines.append(b"Content-Length: %d\r\n" % length)
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _connection(self, request: httpx.Request, timeout: float | None) -> _Connection:
+    async def _connection(self, request: httpx.Request | None, host: str, port: int, timeout: float | None) -> _Connection:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
             if conn.alive(now, self._expiry):
                 return conn
             conn.close()
-        host = request.url.host
-        port = request.url.port or 80
         try:
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(host, port, limit=_READ_CHUNK)
@@ -198,8 +214,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(f"backend connect failed: {exc.strerror or exc}", request=request) from exc
         return _Connection(reader, writer)
 
-    async def _exchange(self, request: httpx.Request, conn: _Connection, head: bytes, body: bytes,
-                        timeouts: dict[str, float | None]) -> tuple[httpx.Response, bool]:
+    async def _exchange(self, request: httpx.Request | None, method: str, conn: _Connection, head: bytes, body: bytes,
+                        timeouts: dict[str, float | None]) -> tuple[tuple[int, list[tuple[bytes, bytes]], bytes], bool]:
         reused, conn.used = conn.used, True
         try:
             conn.writer.write(head + body if len(body) < 65536 else head)
@@ -217,7 +233,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         parser = parsed.parser = httptools.HttpResponseParser(parsed)
         received = 0
         read_timeout = timeouts.get("read")
-        head_only = request.method == "HEAD"
+        head_only = method == "HEAD"
         while not parsed.complete and not (head_only and parsed.headers_done):
             try:
                 async with asyncio.timeout(read_timeout):
@@ -244,9 +260,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             if parsed.too_large:
                 raise ResponseTooLarge(f"backend answer over {self._cap} bytes", request=request)
         keep = parsed.complete and parsed.keep_alive and not conn.reader._buffer  # type: ignore[attr-defined]
-        response = httpx.Response(parser.get_status_code(), headers=parsed.headers, content=b"".join(parsed.body),
-                                  request=request, extensions={"http_version": b"HTTP/1.1"})
-        return response, keep and _framed(parsed.headers)
+        return (parser.get_status_code(), parsed.headers, b"".join(parsed.body)), keep and _framed(parsed.headers)
 
 
 def _framed(headers: list[tuple[bytes, bytes]]) -> bool:

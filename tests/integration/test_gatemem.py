@@ -1,5 +1,7 @@
 """memwarden bench gatemem on the synthetic episode (tests/fixtures/gatemem), with real servers: `chroma run`
-and `memwarden serve` with the medical policy set, all-MiniLM-L6-v2 embeddings."""
+and `memwarden serve` with the medical policy set, all-MiniLM-L6-v2 embeddings; and `--backend mem0`: the same
+episode over our Mem0 REST server (tests/mem0_server, the real mem0ai Memory; the mem0 tests' fixture) with a
+sidecar in Mem0 mode."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from sidecar.bench.gatemem import report
 from sidecar.bench.gatemem.runner import Config, DomainResult, Record, run
+from tests.integration.mem0.conftest import MEM0_KEY, mem0_server  # noqa: F401  (the Mem0 REST backend fixture)
 
 pytestmark = pytest.mark.integration
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gatemem"
@@ -111,3 +114,88 @@ def test_report(result: tuple) -> None:
     assert (cfg.out_dir / "gatemem.png").stat().st_size > 10_000
     lines = (cfg.out_dir / "records.jsonl").read_text().splitlines()
     assert len(lines) == 30 and json.loads(lines[0])["scores"]["10"]["k"] == 10
+
+
+# ---- --backend mem0: the same episode over the Mem0 REST backend (tests/mem0_server, real mem0ai Memory) ----
+
+MEM0_TAG = "t16"
+
+
+@pytest.fixture(scope="module")
+def mem0_result(tmp_path_factory: pytest.TempPathFactory, mem0_server) -> tuple[Config, list[DomainResult], object, float]:  # noqa: F811
+    cfg = Config(data_dir=FIXTURE, out_dir=tmp_path_factory.mktemp("gatemem-mem0"), domains=("medical",), ks=(5, 10), jobs=1,
+                 cause_k=10, backend="mem0", mem0_url=mem0_server.url, mem0_key=MEM0_KEY, run_tag=MEM0_TAG)
+    results, timings, wall = run(cfg)
+    return cfg, results, timings, wall
+
+
+def _mem0_rows(server_url: str, run_id: str) -> dict[str, dict]:
+    """Mem0's own view (its admin key, no memwarden) of the memories of `run_id`, by the benchmark's row id."""
+    import httpx
+
+    r = httpx.get(f"{server_url}/memories", params={"run_id": run_id, "top_k": 1000}, headers={"X-API-Key": MEM0_KEY},
+                  timeout=60, trust_env=False)
+    r.raise_for_status()
+    return {m["metadata"]["gm_row"]: m for m in r.json()["results"]}
+
+
+def test_mem0_every_checkpoint_and_sidecar_matches_cedar(mem0_result: tuple) -> None:
+    _, results, _, _ = mem0_result
+    d = results[0]
+    assert d.episodes == 1 and d.turns == 24 and d.checkpoints == 10
+    assert sorted({(r.checkpoint_id, r.variant) for r in d.records}) == sorted(
+        (f"med_synthetic_001_ckpt_{n:02d}", v) for n in range(1, 11) for v in "abc")
+    # rows come back under the benchmark's row ids (t001…, rewrites t004~t021), not Mem0's UUIDs
+    assert all(rid.startswith("t") for r in d.records for rid in r.rows)
+    assert d.stats.get("b_offline_disagreements", 0) == 0
+
+
+def test_mem0_alone_leaks_and_remembers(mem0_result: tuple) -> None:
+    _, results, _, _ = mem0_result
+    for n in (3, 4, 5, 9):
+        assert _rec(results, n, "a").scores[10].leak is True, n
+    for n in (6, 7):
+        assert _rec(results, n, "a").scores[10].forget_fail is True, n
+
+
+def test_mem0_through_memwarden(mem0_result: tuple) -> None:
+    _, results, _, _ = mem0_result
+    for n in (3, 4, 5, 9):
+        for v in "bc":
+            r = _rec(results, n, v)
+            assert r.scores[10].leak is False, (n, v, r.rows)
+    assert _rec(results, 4, "b").rows and set(_rec(results, 4, "b").rows) <= {"t013", "t014"}   # Dr. Roe: Cara's rows
+    for n in (6, 7):
+        for v in "bc":   # deletion closure: F = 0, the deleted rows never come back
+            r = _rec(results, n, v)
+            assert r.scores[10].forget_fail is False and not {"t004", "t005"} & set(r.rows), (n, v, r.rows)
+    for n in (1, 2, 8, 10):
+        assert _rec(results, n, "b").scores[10].recall == 1.0, n
+        assert _rec(results, n, "c").scores[10].recall > 0, n
+
+
+def test_mem0_deletes_and_rescopes_reached_mem0(mem0_result: tuple, mem0_server) -> None:  # noqa: F811
+    b = _mem0_rows(mem0_server.url, f"gmb-med000-{MEM0_TAG}")
+    assert "t004" not in b and "t005" not in b and "t010" in b
+    assert "555-0101" not in b["t004~t021"]["memory"] and "[deleted]" in b["t004~t021"]["memory"]
+    meta = b["t009"]["metadata"]
+    assert meta["mw_labels"] == ["clinical"] and meta["mw_scope"] == "restricted"
+    assert "gmb-med000/ep/clinician_dr_kim" in meta["mw_readers"] and "gmb-med000/ep/clinician_dr_roe" not in meta["mw_readers"]
+    assert "gmb-med000/ep/family_ben_ruiz" not in meta["mw_readers"]            # re-scoped by the revocation at t018
+    assert b["t009"]["agent_id"] == "gmb-med000/ep/clinician_dr_kim"          # written as its speaker
+    a = _mem0_rows(mem0_server.url, f"gma-med000-{MEM0_TAG}")
+    assert {"t004", "t005"} <= set(a) and len(a) == 24                         # Mem0 alone deleted nothing
+
+
+def test_mem0_report(mem0_result: tuple) -> None:
+    cfg, results, timings, wall = mem0_result
+    report.write(cfg, results, timings, wall, "memwarden bench gatemem --backend mem0 --data tests/fixtures/gatemem")
+    summary = json.loads((cfg.out_dir / "summary.json").read_text())
+    assert summary["backend"] == "mem0" and summary["variants"]["a"] == "Mem0 alone (no memwarden)"
+    k10 = summary["by_k"]["10"]
+    assert k10["medical/a"]["leak"]["k"] == 4 and k10["medical/a"]["forget_fail"]["k"] == 2
+    for v in "bc":
+        assert k10[f"medical/{v}"]["leak"]["k"] == 0 and k10[f"medical/{v}"]["forget_fail"]["k"] == 0
+    assert k10["medical/b"]["utility_recall"] > 0
+    assert summary["cost"]["direct:add"]["n"] == 24 and summary["cost"]["sidecar:query"]["n"] == 10
+    assert "Mem0 alone" in (cfg.out_dir / "summary.md").read_text()

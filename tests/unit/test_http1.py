@@ -258,3 +258,60 @@ def test_upstream_decodes_with_orjson_and_falls_back_for_python_json() -> None:
             assert got["x"] != got["x"]  # NaN, decoded by the standard library as before
             await up.close()
     run(main())
+
+
+@pytest.mark.parametrize("base, token", [("", None), ("/prefix/v1", "secret")])
+def test_upstream_hot_path_sends_the_bytes_httpx_request_would_send(base: str, token: str | None) -> None:
+    """`Upstream.call` on `Http1Transport` skips httpx's Request/Response objects: the request bytes on
+    the wire are those of the `httpx.Request` path, for every method, body presence, odd segment (unicode,
+    reserved characters, empty), dot segment and query parameters (the last two keep going through httpx)."""
+    import gzip
+
+    async def echo(conn: int, n: int, raw: bytes) -> bytes:
+        if b"/gz" in raw.split(b"\r\n", 1)[0]:
+            body = gzip.compress(b'{"zipped":1}')
+            return b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        return ok(b'{"n":%d}' % n)
+
+    calls: list[tuple[str, list[str], dict[str, Any]]] = [
+        ("POST", ["api", "v2", "tenants", "t", "collections", "c", "query"], {"json_body": {"q": [1.5, 2], "s": "é"}, "idempotent": True}),
+        ("POST", ["add"], {"json_body": {"ids": ["a"]}}),
+        ("POST", ["empty"], {}),
+        ("GET", ["api", "v2", "heartbeat"], {}),
+        ("DELETE", ["m", "ünï cødé", "a/b?c#d%e;f", ""], {}),
+        ("PUT", ["x"], {"json_body": [1]}),
+        ("GET", ["a", "..", "b", "."], {}),
+        ("GET", ["memories"], {"params": {"user_id": "u 1", "x": "é&="}}),
+        ("PATCH", ["p"], {}),
+        ("GET", ["gz"], {}),
+    ]
+
+    async def main() -> None:
+        async with Backend(echo) as backend:
+            answers: list[list[Any]] = []
+            sent: list[list[bytes]] = []
+            for fast in (True, False):
+                up = Upstream(backend.url + base, timeout_s=5, max_connections=1, auth_header="X-Chroma-Token" if token else None,
+                              token=token)
+                assert up._fast is not None
+                if not fast:
+                    up._fast = None  # every call through httpx.Request / handle_async_request
+                start = len(backend.requests)
+                answers.append([await up.call(m, segs, **kw) for m, segs, kw in calls])
+                sent.append(backend.requests[start:])
+                await up.close()
+            assert sent[0] == sent[1] and len(sent[0]) == len(calls)
+            assert [a for a in answers[0] if "zipped" not in a] == [a for a in answers[1] if "zipped" not in a]
+            assert answers[0][-1] == answers[1][-1] == {"zipped": 1}
+    run(main())
+
+
+@pytest.mark.parametrize("segments", [
+    ["a"], ["", ""], ["~-._AZaz09"], ["%2e", "%2E%2E"], ["..."], [".a", "a.", "..b"], ["é", "\u2028", "\x00"],
+    [":x", "@", "[::1]", "?", "#", "/"], ["a" * 1000],
+])
+def test_hot_path_target_is_what_httpx_would_send(segments: list[str]) -> None:
+    from urllib.parse import quote
+
+    path = "/api/" + "/".join(quote(s, safe="") for s in segments)
+    assert httpx.URL("http://127.0.0.1:8000" + path).raw_path == path.encode("ascii")

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from sidecar.bench.gatemem.client import Timings
 from sidecar.bench.gatemem.measures import Score, Summary, summarize
-from sidecar.bench.gatemem.runner import VARIANTS, Config, DomainResult, Record
+from sidecar.bench.gatemem.runner import BACKENDS, VARIANTS, Config, DomainResult, Record, variant_names
 from sidecar.probe.metrics import Rate
 
 # GateMem's leaderboard (rzhub/GateMem docs/assets/leaderboard.json: 168 entries, the numbers of its README's main
@@ -113,6 +113,7 @@ class RunData:
     wall_s: float
     ks: tuple[int, ...]
     cause_k: int
+    backend: str = "chroma"
 
 
 def write(cfg: Config, results: list[DomainResult], timings: Timings, wall_s: float, command: str) -> Path:
@@ -124,7 +125,8 @@ def write(cfg: Config, results: list[DomainResult], timings: Timings, wall_s: fl
             fh.write(json.dumps(_record_json(r)) + "\n")
     data = RunData(records, {d.domain: {"episodes": d.episodes, "turns": d.turns, "checkpoints": d.checkpoints,
                                         "wall_s": d.wall_s, "labeller": d.stats} for d in results},
-                   {op: _latency(xs) for op, xs in sorted(timings.samples.items())}, command, wall_s, cfg.ks, cfg.cause_k)
+                   {op: _latency(xs) for op, xs in sorted(timings.samples.items())}, command, wall_s, cfg.ks, cfg.cause_k,
+                   cfg.backend)
     return render(cfg.out_dir, data)
 
 
@@ -142,7 +144,7 @@ def load(run_dir: Path) -> RunData:
         records.append(Record(**d))
     ks = tuple(int(k) for k in summary["ks"])
     return RunData(records, summary["domains"], summary["cost"], summary["command"], float(summary["wall_s"]), ks,
-                   int(summary.get("cause_k") or (10 if 10 in ks else ks[len(ks) // 2])))
+                   int(summary.get("cause_k") or (10 if 10 in ks else ks[len(ks) // 2])), str(summary.get("backend") or "chroma"))
 
 
 def render(out: Path, data: RunData) -> Path:
@@ -150,7 +152,8 @@ def render(out: Path, data: RunData) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     domains = list(data.domains) + ["overall"]
     summary: dict[str, Any] = {
-        "command": data.command, "wall_s": data.wall_s, "ks": list(data.ks), "cause_k": data.cause_k, "variants": VARIANTS,
+        "command": data.command, "wall_s": data.wall_s, "ks": list(data.ks), "cause_k": data.cause_k,
+        "backend": data.backend, "variants": variant_names(data.backend),
         "domains": data.domains,
         "by_k": {str(k): {f"{dom}/{v}": _summary_json(s) for (dom, v), s in summaries(data.records, k).items()} for k in data.ks},
         "cost": data.cost,
@@ -166,7 +169,7 @@ def _markdown(data: RunData, summary: dict[str, Any], domains: list[str]) -> str
     records = data.records
     lines = [f"# GateMem through memwarden, retrieval layer", "",
              f"Command: `{summary['command']}`  ", f"Wall time: {summary['wall_s']:.0f} s", "",
-             "Variants: " + "; ".join(f"({v}) {d}" for v, d in VARIANTS.items()) + ".", "",
+             "Variants: " + "; ".join(f"({v}) {d}" for v, d in variant_names(data.backend).items()) + ".", "",
              "U = fraction of the utility checkpoints' `judge_spec.include` patterns present in the top-k rows (pooled; "
              "the interval is indicative: patterns of one checkpoint are not independent); U-all = utility checkpoints "
              "with every pattern; A = privacy checkpoints with any `not_include`/`leak_targets` pattern in the rows; "
@@ -196,7 +199,7 @@ def _markdown(data: RunData, summary: dict[str, Any], domains: list[str]) -> str
         for v in VARIANTS:
             x = s_k.get((dom, v))
             if x is not None:
-                lines.append(f"| {dom} | ({v}) {VARIANTS[v]} (retrieval layer) | {_pct(x.utility)} | {_pct(x.leak.p)} | "
+                lines.append(f"| {dom} | ({v}) {variant_names(data.backend)[v]} (retrieval layer) | {_pct(x.utility)} | {_pct(x.leak.p)} | "
                              f"{_pct(x.forget_fail.p)} | {_pct(x.mgs)} |")
     lines += ["", f"## Per attack type (k = {k}): A for privacy, F for safety", "", "| domain | attack type | n | (a) | (b) | (c) |",
               "|---|---|---|---|---|---|"]
@@ -266,14 +269,14 @@ def _plots(data: RunData, domains: list[str], out: Path) -> None:
                 ys.append(100 * val)
                 lo.append(max(0.0, 100 * (val - l)) if l is not None else 0)
                 hi.append(max(0.0, 100 * (h - val)) if h is not None else 0)
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[v], label=f"({v}) {VARIANTS[v]}")
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[v], label=f"({v}) {variant_names(data.backend)[v]}")
         ax.set_xticks(range(len(domains)), domains, rotation=30, ha="right")
         ax.set_title(title)
         ax.set_ylim(0, 100)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel(f"% of checkpoints (k = {k}), 95% Wilson")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
-    fig.suptitle("GateMem at the retrieval layer: Chroma alone vs through memwarden")
+    fig.suptitle(f"GateMem at the retrieval layer: {BACKENDS.get(data.backend, data.backend)} alone vs through memwarden")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(out / "gatemem.png", dpi=120)
     plt.close(fig)
@@ -293,7 +296,7 @@ def _plots(data: RunData, domains: list[str], out: Path) -> None:
             sm = summarize(groups[n].get(v, []))
             rate = sm.leak if sm.leak.n else sm.forget_fail
             ys.append(100 * (rate.p or 0))
-        ax.bar([i + (j - 1) * width for i in range(len(names))], ys, width, color=colors[v], label=f"({v}) {VARIANTS[v]}")
+        ax.bar([i + (j - 1) * width for i in range(len(names))], ys, width, color=colors[v], label=f"({v}) {variant_names(data.backend)[v]}")
     ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel(f"% failing (A for priv, F for safe), k = {k}")
     ax.set_ylim(0, 100)

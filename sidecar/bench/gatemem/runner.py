@@ -21,10 +21,19 @@ prefixes (a filtered top-k is a prefix of a filtered top-K, since the sidecar re
 
 Embeddings: all-MiniLM-L6-v2 (`sidecar.embeddings`), normalised, 384-d. One sidecar per domain (its policy
 set), one Chroma for the run, both on 127.0.0.1.
+
+``backend="mem0"``: the same three variants over a Mem0 REST backend (our `tests/mem0_server`: the real
+`mem0ai` ``Memory``, Qdrant local, the same all-MiniLM-L6-v2, embedded by Mem0 itself) and a sidecar with
+``MEMWARDEN_BACKEND=mem0``: (a) writes each turn straight to Mem0 (``agent_id`` the speaker) and searches it
+with Mem0's admin key; (b) and (c) write through the Mem0 profile as the speaker, re-scope with ``PUT
+/memories/{id}`` metadata (``mw_scope``/``mw_readers``) and delete with ``DELETE /memories/{id}`` (tenant admin
+key), and search as the asker. A checkpoint is Mem0's ``POST /search`` of its query text (Mem0's own ranking,
+``threshold=0``), ``top_k`` = max(k), confined to the variant's ``run_id``; smaller k are prefixes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -37,11 +46,11 @@ import httpx
 
 from sidecar.bench.gatemem import labels as labelling
 from sidecar.bench.gatemem import oracle, rules
-from sidecar.bench.gatemem.client import Collection, Timings, create_collection
+from sidecar.bench.gatemem.client import Collection, Mem0Store, Timings, create_collection
 from sidecar.bench.gatemem.data import Annotation, Annotations, DomainData, Episode, Probe, load_domain
 from sidecar.bench.gatemem.measures import Score, pattern_in, score
 from sidecar.governance import Row, agent_entity, agent_id, fleet_entity
-from sidecar.harness import Server, start_chroma, start_sidecar
+from sidecar.harness import Server, start_chroma, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.policy import CedarRequest, PolicyEngine
 
@@ -52,6 +61,12 @@ VARIANTS = {
     "b": "memwarden, ingest-time labels",
     "c": "memwarden, labels from hidden annotations (upper bound)",
 }
+BACKENDS = {"chroma": "Chroma", "mem0": "Mem0"}
+
+
+def variant_names(backend: str = "chroma") -> dict[str, str]:
+    """The variants' descriptions for a run on `backend` (chroma: `VARIANTS` as they are)."""
+    return {**VARIANTS, "a": f"{BACKENDS.get(backend, backend)} alone (no memwarden)"}
 
 
 @dataclass
@@ -66,6 +81,11 @@ class Config:
     cause_k: int = 10
     episodes: int | None = None
     backend: str = "chroma"
+    # backend="mem0": a running Mem0 REST backend and its X-API-Key; None: the run starts tests/mem0_server
+    mem0_url: str | None = None
+    mem0_key: str | None = None
+    # backend="mem0": every memory of the run carries run_id "<variant tenant>-<run_tag>" (None: a random tag)
+    run_tag: str | None = None
 
 
 @dataclass
@@ -95,6 +115,11 @@ class EpisodeResult:
 _EMBED_LOCK = threading.Lock()
 
 
+def _no_embed(texts: list[str]) -> list[Any]:
+    """Mem0 embeds what it stores and what it is asked: the runner computes no embedding."""
+    return [None] * len(texts)
+
+
 def _embed(texts: list[str]) -> list[list[float]]:
     from sidecar.embeddings import embed
 
@@ -108,7 +133,8 @@ class EpisodeReplay:
 
     def __init__(self, index: int, episode: Episode, probes: list[Probe], annotations: Annotations,
                  engine: PolicyEngine, ledger: SQLiteLedger, chroma: httpx.Client, sidecar: httpx.Client,
-                 timings: Timings, cfg: Config, embed: Callable[[list[str]], list[list[float]]] = _embed) -> None:
+                 timings: Timings, cfg: Config, embed: Callable[[list[str]], list[list[float]]] = _embed,
+                 run_tag: str = "") -> None:
         self.i, self.episode, self.probes, self.annotations = index, episode, probes, annotations
         self.engine, self.ledger, self.cfg, self.embed = engine, ledger, cfg, embed
         short = f"{episode.domain[:3]}{index:03d}"
@@ -121,11 +147,16 @@ class EpisodeReplay:
             self.admin[v] = ledger.create_key("admin", self.tenant[v], None, None, 0)[1]
             self.keys[v] = {pid: ledger.create_key("agent", self.tenant[v], FLEET, pid, 1,
                                                    roles=self.roles[pid] if v == "b" else ())[1] for pid in self.roles}
-        self.coll: dict[str, Collection] = {
-            "a": create_collection(chroma, self.tenant["a"], None, timings, "direct"),
-            "b": create_collection(sidecar, self.tenant["b"], self.admin["b"], timings, "sidecar"),
-            "c": create_collection(sidecar, self.tenant["c"], self.admin["c"], timings, "sidecar-c"),
-        }
+        self.coll: dict[str, Collection | Mem0Store]
+        if cfg.backend == "mem0":  # `chroma` is then the client of Mem0 itself
+            self.coll = {v: Mem0Store(http, f"{self.tenant[v]}-{run_tag}" if run_tag else self.tenant[v], timings, label)
+                         for v, http, label in (("a", chroma, "direct"), ("b", sidecar, "sidecar"), ("c", sidecar, "sidecar-c"))}
+        else:
+            self.coll = {
+                "a": create_collection(chroma, self.tenant["a"], None, timings, "direct"),
+                "b": create_collection(sidecar, self.tenant["b"], self.admin["b"], timings, "sidecar"),
+                "c": create_collection(sidecar, self.tenant["c"], self.admin["c"], timings, "sidecar-c"),
+            }
         # Local views of what each variant holds (the writer knows what it wrote).
         self.texts_a: dict[str, str] = {}
         self.b_rows: dict[str, labelling.RowPlan] = {}
@@ -147,7 +178,7 @@ class EpisodeReplay:
         """The principals of `circle` Cedar permits to read `row` (labels, owner) as a restricted memory whose
         readers are `circle`; and, for each denied one, the determining forbid ids."""
         members = sorted(circle)
-        mrow = Row(backend="chroma", collection=self.coll["b"].collection_id, row_id=row.row_id, tenant=self.tenant["b"],
+        mrow = Row(backend=self.coll["b"].backend, collection=self.coll["b"].collection_id, row_id=row.row_id, tenant=self.tenant["b"],
                    fleet=FLEET, owner=self._uid(row.owner), scope="restricted", writer=self._uid(row.owner), created_at=0,
                    readers=tuple(self._uid(p) for p in members), labels=tuple(sorted(row.labels)))
         entities = [mrow.entity(), fleet_entity(self.tenant["b"], FLEET),
@@ -326,10 +357,11 @@ class EpisodeReplay:
                 ann = self.annotations[probe.checkpoint_id]
                 self._oracle_c(probe, ann)
                 asker = probe.asker.principal_id
+                qe, qt = query_emb[probe.checkpoint_id], probe.query_text
                 got = {
-                    "a": self.coll["a"].query(None, query_emb[probe.checkpoint_id], kmax),
-                    "b": self.coll["b"].query(self.keys["b"][asker], query_emb[probe.checkpoint_id], kmax),
-                    "c": self.coll["c"].query(self.keys["c"][asker], query_emb[probe.checkpoint_id], kmax),
+                    "a": self.coll["a"].query(None, qe, kmax, qt),
+                    "b": self.coll["b"].query(self.keys["b"][asker], qe, kmax, qt),
+                    "c": self.coll["c"].query(self.keys["c"][asker], qe, kmax, qt),
                 }
                 self.stats["b_offline_disagreements"] += sum(
                     1 for rid, _ in got["b"] if asker not in self.b_readers.get(rid, frozenset()))
@@ -354,16 +386,29 @@ class DomainResult:
     wall_s: float
 
 
-def run_domain(cfg: Config, data: DomainData, chroma: Server, work: Path, timings: Timings,
-               progress: Callable[[str], None] = lambda s: None) -> DomainResult:
-    """Start a sidecar with the domain's policy set in front of `chroma` and replay every episode."""
+def run_domain(cfg: Config, data: DomainData, chroma: Server | str, work: Path, timings: Timings,
+               progress: Callable[[str], None] = lambda s: None, run_tag: str = "") -> DomainResult:
+    """Start a sidecar with the domain's policy set in front of the run's backend (`chroma`: the Chroma server,
+    or with ``cfg.backend == "mem0"`` the Mem0 server or its URL, `cfg.mem0_key` its key) and replay every
+    episode."""
     t0 = time.perf_counter()
     policies = POLICIES / data.domain
     if not (policies / f"{data.domain}.cedar").is_file():
         raise FileNotFoundError(f"{policies}: the benchmark's policy sets are read from a checkout (editable install)")
     engine = PolicyEngine.load(policies)
     ledger_path = work / f"ledger-{data.domain}.db"
-    sidecar = start_sidecar(chroma.url, ledger_path, policies, extra_env={"MEMWARDEN_LOG_LEVEL": "warning"})
+    url = chroma if isinstance(chroma, str) else chroma.url
+    env = {"MEMWARDEN_LOG_LEVEL": "warning"}
+    direct_headers: dict[str, str] = {}
+    embed: Callable[[list[str]], list[Any]] = _embed
+    if cfg.backend == "mem0":
+        if not cfg.mem0_key:
+            raise ValueError("backend mem0: cfg.mem0_key (Mem0's X-API-Key) is required")
+        env.update({"MEMWARDEN_BACKEND": "mem0", "MEMWARDEN_BACKEND_AUTH_HEADER": "X-API-Key",
+                    "MEMWARDEN_BACKEND_TOKEN": cfg.mem0_key})
+        direct_headers = {"X-API-Key": cfg.mem0_key}
+        embed = _no_embed
+    sidecar = start_sidecar(url, ledger_path, policies, extra_env=env)
     ledger = SQLiteLedger(ledger_path)
     episodes = list(data.episodes[: cfg.episodes] if cfg.episodes else data.episodes)
     by_ep: dict[str, list[Probe]] = defaultdict(list)
@@ -372,12 +417,12 @@ def run_domain(cfg: Config, data: DomainData, chroma: Server, work: Path, timing
     results: list[EpisodeResult] = []
     limits = httpx.Limits(max_connections=4 * cfg.jobs)
     try:
-        with httpx.Client(base_url=chroma.url, timeout=120, trust_env=False, limits=limits) as direct, \
+        with httpx.Client(base_url=url, timeout=120, trust_env=False, limits=limits, headers=direct_headers) as direct, \
                 httpx.Client(base_url=sidecar.url, timeout=120, trust_env=False, limits=limits) as through:
             def one(item: tuple[int, Episode]) -> EpisodeResult:
                 i, ep = item
                 r = EpisodeReplay(i, ep, by_ep[ep.episode_id], data.annotations, engine, ledger, direct, through,
-                                  timings, cfg).run()
+                                  timings, cfg, embed, run_tag).run()
                 progress(f"{data.domain} {ep.episode_id}: {r.turns} turns, {len(r.records) // 3} checkpoints, {r.wall_s:.0f} s")
                 return r
             with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
@@ -396,21 +441,35 @@ def run_domain(cfg: Config, data: DomainData, chroma: Server, work: Path, timing
 
 def run(cfg: Config, progress: Callable[[str], None] = lambda s: None,
         on_domain: Callable[[list[DomainResult], Timings, float], None] | None = None) -> tuple[list[DomainResult], Timings, float]:
-    """The whole benchmark: one Chroma for the run, the domains one after another (`on_domain` is called with
-    the results so far after each). Returns the domain results, the request timings and the wall time in s."""
-    if cfg.backend != "chroma":
-        raise ValueError(f"backend {cfg.backend!r}: only chroma is implemented")
+    """The whole benchmark: one backend for the run (a Chroma it starts; for ``backend="mem0"`` the Mem0 REST
+    backend at `cfg.mem0_url`, or else one it starts, tests/mem0_server), the domains one after another
+    (`on_domain` is called with the results so far after each). Returns the domain results, the request
+    timings and the wall time in s. Raises ValueError for an unknown backend."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"backend {cfg.backend!r}: choose from {', '.join(BACKENDS)}")
     t0 = time.perf_counter()
     work = cfg.out_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
-    chroma = start_chroma(work / "chroma")
+    server: Server | None = None
+    run_tag = ""
+    if cfg.backend == "mem0":
+        import secrets
+
+        run_tag = cfg.run_tag or secrets.token_hex(3)  # a Mem0 backend may hold earlier runs' memories: confine to this run's
+        if cfg.mem0_url is None:
+            cfg = dataclasses.replace(cfg, mem0_key=cfg.mem0_key or "gatemem-" + secrets.token_hex(8))
+            server = start_mem0(work / "mem0", str(cfg.mem0_key))
+        backend: Server | str = server or str(cfg.mem0_url)
+    else:
+        backend = server = start_chroma(work / "chroma")
     timings = Timings()
     out: list[DomainResult] = []
     try:
         for domain in cfg.domains:
-            out.append(run_domain(cfg, load_domain(cfg.data_dir, domain), chroma, work, timings, progress))
+            out.append(run_domain(cfg, load_domain(cfg.data_dir, domain), backend, work, timings, progress, run_tag))
             if on_domain is not None:
                 on_domain(out, timings, time.perf_counter() - t0)
     finally:
-        chroma.stop()
+        if server is not None:
+            server.stop()
     return out, timings, time.perf_counter() - t0
