@@ -43,7 +43,7 @@ READ_ONLY = frozenset({
     "pending_tombstones", "ping", "visibility_counts", "pool_stats", "schema_version", "data_version",
     "cache_version", "close", "listing_keys", "collection_intent",
     # the asynchronous hot-path reads (`sidecar.ledger.offloop`): never cached, they read rows and keys now
-    "read_rows_async", "read_rows", "key_valid", "open_async", "aclose",
+    "read_rows_async", "read_rows", "key_valid", "open_async", "aclose", "cached_collection",
 })
 
 MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (all dropped when full)
@@ -155,6 +155,14 @@ class CachingLedger:
     def forget_key(self, plaintext: str) -> None:
         """Drop what `verified_principal` kept for `plaintext` (its re-check failed)."""
         self._verified.pop(self._digest(plaintext), None)
+
+    def cached_collection(self, backend: str, collection_id: str) -> bool:
+        """Whether `get_collection` would answer (backend, collection_id) from memory now."""
+        if self.ttl_s <= 0:
+            return False
+        ok, oldest = self._current()
+        hit = self._collections.get((backend, collection_id)) if ok else None
+        return hit is not None and hit[0] >= oldest
 
     def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
         if self.ttl_s <= 0:

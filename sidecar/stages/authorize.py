@@ -86,6 +86,15 @@ class Authorizer:
                 return p
         return await offloop.authenticate(self.ledger, key)
 
+    async def warm_collection(self, backend: str, collection_id: str) -> None:
+        """On a ledger that does network I/O, read collection `collection_id` into the collections cache in a
+        worker thread when it is not there, so the handler's own (synchronous) lookup does not block the
+        event loop. Raises `LedgerUnavailable` (503)."""
+        cached = getattr(self.ledger, "cached_collection", None)
+        if cached is None or not offloop.blocking(self.ledger) or cached(backend, collection_id):
+            return
+        await offloop.call(self.ledger, self.ledger.get_collection, backend, collection_id)
+
     def _rechecked(self, ex: Exchange, key_ok: bool) -> None:
         """Settle a pending key re-check with its answer: 401 (and the kept principal dropped) if the key is
         no longer valid."""

@@ -186,3 +186,40 @@ def test_async_pool_connections_are_closed(opener: Opener, pg_url: str) -> None:
     asyncio.run(use_no_close())
     ledger.close()
     assert count() == 0
+
+
+def test_warm_collection_reads_a_missing_collection_in_a_worker_thread(opener: Opener) -> None:
+    """`Authorizer.warm_collection` fills the collections cache off the event loop (a worker thread) when the
+    entry is missing, and does nothing when it is there; the handler's synchronous lookup then hits memory."""
+    import threading
+
+    from sidecar.ledger import CollectionRecord
+    from sidecar.ledger.cache import CachingLedger
+    from sidecar.stages.authorize import Authorizer
+
+    raw = opener()
+    raw.register_collection(CollectionRecord("chroma", "c1", "t", "db", "mem", "t/red/a", 1))
+    threads: list[str] = []
+
+    class Spy:
+        blocking_io = True
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(raw, name)
+
+        def get_collection(self, backend: str, collection_id: str) -> Any:
+            threads.append(threading.current_thread().name)
+            return raw.get_collection(backend, collection_id)
+
+    cache = CachingLedger(Spy(), lambda: 1, ttl_s=60)
+    authz = Authorizer(policy=None, ledger=cache)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        assert not cache.cached_collection("chroma", "c1")
+        await authz.warm_collection("chroma", "c1")
+        assert cache.cached_collection("chroma", "c1")
+        await authz.warm_collection("chroma", "c1")  # cached: no second read
+    asyncio.run(scenario())
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name
+    rec = cache.get_collection("chroma", "c1")
+    assert rec is not None and rec.name == "mem" and len(threads) == 1
