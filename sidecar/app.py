@@ -30,7 +30,7 @@ from sidecar import decisionlog
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
-from sidecar.ledger import Ledger, ledger_from_settings
+from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
@@ -57,6 +57,8 @@ class Services:
         raw_ledger = ledger or ledger_from_settings(settings)
         if getattr(raw_ledger, "blocking_io", False) and not settings.ledger_off_loop:
             raw_ledger.blocking_io = False  # inline PostgreSQL calls (`ledger_off_loop`)
+        if getattr(raw_ledger, "async_io", False) and not settings.ledger_async:
+            raw_ledger.async_io = False  # hot-path reads through the synchronous pool too (`ledger_async`)
         if hasattr(raw_ledger, "pool_stats"):
             self.metrics.watch_pool(raw_ledger.pool_stats)
         instrumented = InstrumentedLedger(raw_ledger, self.metrics)
@@ -95,6 +97,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             await services.profile.reconcile()
         except Exception:  # backend down at start: tombstones stay pending, rows stay hidden
             decisionlog.structlog.get_logger("memwarden").warning("reconcile_failed")
+        if offloop.asynchronous(services.ledger):
+            await services.ledger.open_async()  # the asynchronous pool lives in this loop
         tasks = _start_policy_reload(services)
         if settings.reconcile_interval_s > 0:
             tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
@@ -102,6 +106,7 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         for task in tasks:
             task.cancel()
         await services.upstream.close()
+        await offloop.aclose(services.ledger)
 
     app = MemwardenApp(title="memwarden", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.services = services

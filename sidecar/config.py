@@ -60,6 +60,10 @@ class Settings(BaseSettings):
         default=True, description="run PostgreSQL ledger calls in a worker thread (sidecar.ledger.offloop) so the event loop "
         "serves other requests meanwhile; false keeps them inline (fewer thread hops: lower latency at one client, "
         "lower throughput under concurrency)")
+    ledger_async: bool = Field(
+        default=False, description="PostgreSQL: authenticate and the read path's row lookup are awaited on psycopg's "
+        "asynchronous pool (no thread hop) instead of following ledger_off_loop; off by default: measured slower here "
+        "(psycopg's asyncio waits cost more event-loop time per query than a worker-thread hop)")
     ledger_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API keys (SQLite only), collections and agents are served from memory for at most "
         "this long while the ledger reports no change (sidecar/ledger/cache.py); 0 = no cache")

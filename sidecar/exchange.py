@@ -57,6 +57,11 @@ class Exchange:
     # Ledger rows fetched off the event loop for the read in progress (`Authorizer.prefetch`), by
     # (backend, collection): consumed by that read's decisions and dropped when it ends.
     prefetched: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # The owners' agent entities read with them (agent uid -> entity, None: not an agent the ledger knows).
+    prefetched_owners: dict[str, Any] = field(default_factory=dict)
+    # (key id, presented key) of a key re-check `Authorizer.authenticate` deferred to this read's first
+    # ledger read; None once made (or when none is pending).
+    key_recheck: tuple[str, str] | None = None
     stripped_headers: list[str] = field(default_factory=list)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started_ns: int = field(default_factory=time.perf_counter_ns)

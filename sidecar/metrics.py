@@ -29,6 +29,7 @@ pipeline's outer guard still denies (fail closed).
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import Counter as Tally
 from functools import wraps
@@ -146,8 +147,24 @@ class InstrumentedLedger:
         cached = self._wrapped.get(name)
         if cached is not None:
             return cached
-        histogram = self._metrics.ledger.labels(name)
+        label = name.removesuffix("_async")  # the asynchronous twin of a method counts as that method
+        histogram = self._metrics.ledger.labels(label)
         errors = self._metrics.ledger_errors
+
+        if inspect.iscoroutinefunction(attr):
+            @wraps(attr)
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return await attr(*args, **kwargs)
+                except Exception:
+                    errors.labels(label).inc()
+                    raise
+                finally:
+                    histogram.observe(time.perf_counter() - t0)
+
+            self._wrapped[name] = timed_async
+            return timed_async
 
         @wraps(attr)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -155,7 +172,7 @@ class InstrumentedLedger:
             try:
                 return attr(*args, **kwargs)
             except Exception:
-                errors.labels(name).inc()
+                errors.labels(label).inc()
                 raise
             finally:
                 histogram.observe(time.perf_counter() - t0)

@@ -23,7 +23,7 @@ from sidecar import decisionlog, lineage
 from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
-from sidecar.ledger import Ledger, offloop
+from sidecar.ledger import Ledger
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
@@ -86,7 +86,7 @@ class Pipeline:
         key = canonicalize.credential(headers)
         if key is None:
             raise Unauthorized("missing API key")
-        principal = await offloop.call(self.ledger, self.ledger.authenticate, key)
+        principal = await self.authz.authenticate(ex, key)
         if principal is None:
             raise Unauthorized("unknown or revoked API key")
         ex.key_id = principal.key_id

@@ -103,6 +103,18 @@ class QueryPlanner:
             self._stats[collection_id] = entry
         return entry
 
+    def stale(self, collection_id: str) -> bool:
+        """Whether the next `plan` on `collection_id` would read the ledger's counts (none kept, or older than `ttl_s`)."""
+        entry = self._stats.get(collection_id)
+        return entry is None or time.monotonic() - entry.loaded_at > self.ttl_s
+
+    def warm(self, collection_id: str, counts: Counts) -> None:
+        """Keep `counts` of `collection_id`, read by the caller (off the event loop), exactly as `plan` would
+        have on reading them itself (a fresh entry: earlier observations are dropped, as on every refresh)."""
+        if len(self._stats) > 4096:
+            self._stats.clear()
+        self._stats[collection_id] = _Stats(time.monotonic(), counts)
+
     def share(self, p: Principal, collection_id: str, wide: bool = False) -> float | None:
         """The estimated readable share for `p` (`wide`: the pushdown admits the whole tenant)."""
         entry = self._entry(collection_id)

@@ -30,10 +30,10 @@ import structlog
 
 from sidecar.backends.base import Route, match_routes
 from sidecar.config import Settings
-from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
-from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us
+from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
 from sidecar.planner import QueryPlanner
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
@@ -49,6 +49,11 @@ T = ("api", "v2", "tenants", "{tenant}")
 D = T + ("databases", "{database}")
 C = D + ("collections", "{collection}")
 
+# Reads whose key re-check is made in the statement of their first ledger rows (`ChromaProfile.deferrable`).
+DEFERRED_KEY_CHECK = frozenset({"get", "query", "count"})
+# Routes whose ``{collection}`` is a collection id (the others name a collection).
+BY_COLLECTION_ID = frozenset({"get_collection_by_id", "add", "upsert", "update", "get", "query", "delete", "count",
+                              "collection_info"})
 ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", ("api", "v2", "heartbeat"), "system"),
     ("GET", ("api", "v2", "version"), "system"),
@@ -274,16 +279,34 @@ class ChromaProfile:
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
         self.content_keys = content_keys(settings.chroma_content_keys)
+        authz.deferrable = self.deferrable
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         return match_routes(ROUTES, method, segments)
 
+    def deferrable(self, method: str, segments: list[str]) -> bool:
+        """Whether the request is a pure read (`DEFERRED_KEY_CHECK`: get, query, count — they change nothing in
+        the ledger or the backend) whose key re-check may ride on its first ledger read
+        (`Authorizer.authenticate`); `handle` settles it before any answer."""
+        route = self.match(method, segments)
+        return route is not None and route.op in DEFERRED_KEY_CHECK
+
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
         ex.operation = route.op
         handler = getattr(self, f"op_{route.op}")
-        return await handler(ex, route.params)
+        try:
+            if route.op in BY_COLLECTION_ID:
+                await self.authz.warm_collection(BACKEND, route.params["collection"])  # off the loop (PostgreSQL)
+            result = await handler(ex, route.params)
+        except LedgerUnavailable:
+            raise  # 503 already: asking the ledger again would only wait for it twice
+        except Exception:
+            await self.authz.settle(ex)  # a revoked key is answered 401, whatever else went wrong
+            raise
+        await self.authz.settle(ex)
+        return result
 
     # -- helpers ------------------------------------------------------------------------------
     def _p(self, ex: Exchange) -> Principal:
@@ -909,6 +932,10 @@ class ChromaProfile:
         # The plan (`sidecar.planner`): an unfiltered over-fetch first — if it holds k readable rows they are
         # the true top k (no readable row can rank above a fetched one) — or the pushdown from the start.
         # A short over-fetch is refilled under the pushdown, starting again at k × OVERFETCH_FACTOR.
+        if self.planner.mode == "auto" and self.planner.stale(rec.collection_id) and offloop.blocking(self.ledger):
+            # the planner's statistics (a GROUP BY over the collection's rows), read in a worker thread
+            self.planner.warm(rec.collection_id, await offloop.call(
+                self.ledger, self.ledger.visibility_counts, BACKEND, rec.collection_id))
         plan = self.planner.plan(self._p(ex), rec.collection_id, k, wide=mode == "tenant")
         n_fetch = plan.n_fetch
         first_where = client_where if plan.unfiltered else where

@@ -257,12 +257,21 @@ class Mem0Profile:
                          as_of: int | None = None) -> Row:
         """The ledger row of `memory_id` if the caller may read it (a superseded one only with
         `include_superseded`, or the one current at `as_of`); 404 (one message) otherwise."""
-        allowed = self.authz.readable(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of)
+        allowed = self.authz.readable_rows(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of)
         if memory_id not in allowed:
             ex.decision = "deny"
             raise NotFound(NOT_FOUND)
         ex.decision = "allow"
-        return self.ledger.get_rows(BACKEND, self.coll, [memory_id])[memory_id]
+        return allowed[memory_id]
+
+    async def _readable_or_404_off_loop(self, ex: Exchange, memory_id: str, include_superseded: bool = False,
+                                        as_of: int | None = None) -> Row:
+        """`_readable_or_404` with its ledger read made in one trip off the event loop (PostgreSQL)."""
+        await self.authz.prefetch(ex, BACKEND, self.coll, [memory_id])
+        try:
+            return self._readable_or_404(ex, memory_id, include_superseded, as_of)
+        finally:
+            self.authz.release(ex, BACKEND, self.coll)
 
     def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split client metadata into (plain, requested governance); 400 on other ``mw_`` or identity keys."""
@@ -532,7 +541,7 @@ class Mem0Profile:
     async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        self._readable_or_404(ex, mid, *history_view(ex.query))
+        await self._readable_or_404_off_loop(ex, mid, *history_view(ex.query))
         try:
             result = await self._call("GET", ["memories", mid])
         except BackendClientError as exc:
@@ -551,7 +560,7 @@ class Mem0Profile:
     async def op_history(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        row = self._readable_or_404(ex, mid, *history_view(ex.query))
+        row = await self._readable_or_404_off_loop(ex, mid, *history_view(ex.query))
         result = await self._call("GET", ["memories", mid, "history"])
         if not isinstance(result, list):
             raise UpstreamError("unexpected backend answer")
@@ -637,7 +646,12 @@ class Mem0Profile:
         top_k = _int(q.get("top_k"), "top_k", LIST_DEFAULT_TOP_K if named else LIST_LIMIT, LIST_LIMIT)
         show_expired = bool(_bool_param(q.get("show_expired"), "show_expired"))
         rows = await self._list_rows(ex, q, show_expired)
-        allowed = self.authz.readable(ex, BACKEND, self.coll, [r["id"] for r in rows], include_superseded, as_of)
+        ids = [r["id"] for r in rows]
+        await self.authz.prefetch(ex, BACKEND, self.coll, ids)  # one ledger trip off the loop (PostgreSQL)
+        try:
+            allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of)
+        finally:
+            self.authz.release(ex, BACKEND, self.coll)
         kept = [r for r in rows if r["id"] in allowed][:top_k]
         self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
@@ -793,7 +807,11 @@ class Mem0Profile:
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:
-                allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of)
+                await self.authz.prefetch(ex, BACKEND, self.coll, wanted)  # one ledger trip off the loop (PostgreSQL)
+                try:
+                    allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of)
+                finally:
+                    self.authz.release(ex, BACKEND, self.coll)
                 decided.update({i: i in allowed for i in wanted})
             kept = [r for r in matching if decided[r["id"]]]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:

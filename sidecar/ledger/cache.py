@@ -17,6 +17,12 @@ while all of these hold; otherwise every cache is dropped and the ledger is aske
 
 Only positive answers are cached (an unknown key or collection is asked again each time). Cached keys
 are indexed by a keyed hash of the presented key (a random key per process), never by the key itself.
+
+On PostgreSQL keys are not served by ``authenticate`` (a notification from another replica may still be in
+flight when the next request arrives). What is kept instead, under the same validity rules, is the
+principal of a key this process verified (`authenticate`, `authenticate_async`): `verified_principal` hands it to a read
+that re-checks the key in the same statement as its rows (`sidecar.stages.authorize.Authorizer.authenticate`),
+so the revocation is still seen by the very next request, without a round trip of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ READ_ONLY = frozenset({
     "content_copies", "active_fact", "forgotten", "content_key", "lineage", "backend_deleted_tombstones",
     "pending_tombstones", "ping", "visibility_counts", "pool_stats", "schema_version", "data_version",
     "cache_version", "close", "listing_keys", "collection_intent",
+    # the asynchronous hot-path reads (`sidecar.ledger.offloop`): never cached, they read rows and keys now
+    "read_rows_async", "read_rows", "key_valid", "open_async", "aclose", "cached_collection",
 })
+
+MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (all dropped when full)
 
 
 class CachingLedger:
@@ -52,6 +62,7 @@ class CachingLedger:
         self._keys: dict[bytes, tuple[float, Principal]] = {}
         self._collections: dict[tuple[str, str], tuple[float, CollectionRecord]] = {}
         self._agents: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._verified: dict[bytes, tuple[float, Principal]] = {}
         self._secret = os.urandom(32)
         self.hits = 0
         self.misses = 0
@@ -69,6 +80,7 @@ class CachingLedger:
                 self._keys.clear()
                 self._collections.clear()
                 self._agents.clear()
+                self._verified.clear()
                 self._token = token
         return True, now - self.ttl_s
 
@@ -77,16 +89,23 @@ class CachingLedger:
             self._keys.clear()
             self._collections.clear()
             self._agents.clear()
+            self._verified.clear()
             self._token = None
 
     # -- cached reads -----------------------------------------------------------------------
     def authenticate(self, plaintext: str) -> Principal | None:
+        if not self.cache_keys and self.ttl_s > 0:
+            ok = self._current()[0]
+            token = self._token
+            principal = self.inner.authenticate(plaintext)
+            self._keep_verified(plaintext, principal, ok, token)
+            return principal
         if not self.cache_keys or self.ttl_s <= 0:
             return self.inner.authenticate(plaintext)
         ok, oldest = self._current()
         if not ok:
             return self.inner.authenticate(plaintext)
-        digest = hmac.new(self._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        digest = self._digest(plaintext)
         hit = self._keys.get(digest)
         if hit is not None and hit[0] >= oldest:
             self.hits += 1
@@ -97,6 +116,53 @@ class CachingLedger:
         if principal is not None and self._token == token:
             self._keys[digest] = (time.monotonic(), principal)
         return principal
+
+    def _digest(self, plaintext: str) -> bytes:
+        return hmac.new(self._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+    async def authenticate_async(self, plaintext: str) -> Principal | None:
+        """The ledger's `authenticate_async` (read now, never from memory); a valid key's principal is kept
+        for `verified_principal` (as `authenticate` does when `cache_keys` is off)."""
+        ok = self.ttl_s > 0 and self._current()[0]
+        token = self._token
+        principal = await self.inner.authenticate_async(plaintext)
+        self._keep_verified(plaintext, principal, ok, token)
+        return principal
+
+    def _keep_verified(self, plaintext: str, principal: Principal | None, ok: bool, token: Any) -> None:
+        """Keep `principal` for `verified_principal` if the caches were valid under `token` before the ledger
+        was asked and nothing changed since."""
+        if principal is not None and ok and self._token == token and self._version() == token:
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            self._verified[self._digest(plaintext)] = (time.monotonic(), principal)
+
+    def verified_principal(self, plaintext: str) -> Principal | None:
+        """The principal `authenticate_async` returned for `plaintext` in this process, while the caches are
+        valid (no notification since, channel up, younger than `ttl_s`); else None. Not proof that the key
+        is valid NOW: the caller must re-check it (``read_rows_async(..., key_id)``) before answering."""
+        if self.ttl_s <= 0:
+            return None
+        ok, oldest = self._current()
+        if not ok:
+            return None
+        hit = self._verified.get(self._digest(plaintext))
+        if hit is None or hit[0] < oldest:
+            return None
+        self.hits += 1
+        return hit[1]
+
+    def forget_key(self, plaintext: str) -> None:
+        """Drop what `verified_principal` kept for `plaintext` (its re-check failed)."""
+        self._verified.pop(self._digest(plaintext), None)
+
+    def cached_collection(self, backend: str, collection_id: str) -> bool:
+        """Whether `get_collection` would answer (backend, collection_id) from memory now."""
+        if self.ttl_s <= 0:
+            return False
+        ok, oldest = self._current()
+        hit = self._collections.get((backend, collection_id)) if ok else None
+        return hit is not None and hit[0] >= oldest
 
     def get_collection(self, backend: str, collection_id: str) -> CollectionRecord | None:
         if self.ttl_s <= 0:

@@ -21,18 +21,19 @@ psycopg 3.2 documentation (transactions, executemany ``returning``), psycopg_poo
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
 import re
 import select
 import threading
-from typing import Any, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
@@ -125,6 +126,38 @@ def _check_idle(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+async def _acheck_idle(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`_check_idle` for the asynchronous pool."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
+
+
+# The read of `PostgresLedger.read_rows_async`: in ONE statement, whether the key `key_id` is valid now
+# (``key_ok``; true when no key is to be checked), the ledger rows of the ids asked and each row's owner as
+# the agents table knows it (``a_*`` columns, NULL for an owner it does not know). The key test is the outer
+# side of the join, so it answers even when no row matches.
+_READ_ROWS = (
+    "SELECT k.key_ok, " + ", ".join(f"r.{c.strip()}" for c in _ROW_COLUMNS.split(",")) + ", "
+    "a.tenant AS a_tenant, a.fleet AS a_fleet, a.agent AS a_agent, a.trust AS a_trust, a.roles AS a_roles "
+    "FROM (SELECT (%(key)s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(key)s AND revoked_at IS NULL)) "
+    "AS key_ok) AS k "
+    "LEFT JOIN (rows AS r LEFT JOIN agents AS a ON a.agent_uid = r.owner) "
+    "ON r.backend = %(backend)s AND r.collection_id = %(collection)s AND r.row_id = ANY(%(ids)s)"
+)
+
+
+def _drop_pool(pool: AsyncConnectionPool) -> None:
+    """Close the connections of an asynchronous pool whose event loop is gone (best effort: a pool can
+    only be closed properly from its own loop)."""
+    try:
+        for conn in list(getattr(pool, "_pool", ())):
+            conn.pgconn.finish()
+        pool._closed = True  # noqa: SLF001
+    except Exception:
+        pass
+
+
 class _Rollback(Exception):
     """Internal: abort the current transaction and hand a value back to the caller."""
 
@@ -142,10 +175,14 @@ class PostgresLedger:
     (a ledger that cannot answer in time raises, and the request is denied). `migrate_on_open`:
     apply pending migrations at open; when False, an out-of-date schema raises `SchemaOutOfDate`.
     Every call is a network round trip: the request path runs them off the event loop
-    (`blocking_io`, `sidecar.ledger.offloop`).
+    (`blocking_io`, `sidecar.ledger.offloop`). The hot-path reads also exist as coroutines on a second,
+    asynchronous pool (`authenticate_async`, `read_rows_async`; psycopg_pool ``AsyncConnectionPool``
+    with the same sizes and timeout), opened on the first such call in the running event loop and
+    closed by `aclose` (or `close`); `async_io` says whether the request path uses them.
     """
 
     blocking_io = True
+    async_io = True
 
     def __init__(self, url: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10,
                  timeout_s: float = 5.0, migrate_on_open: bool = True) -> None:
@@ -156,12 +193,16 @@ class PostgresLedger:
         self._timeout_s = timeout_s
         self.channel = f"memwarden_{schema}"  # LISTEN/NOTIFY channel of cache invalidations
         self._listener: _Listener | None = None
+        self._conn_kwargs: dict[str, Any] = {
+            "autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
+            "options": f"-c search_path={schema} -c synchronous_commit=on"}
+        self._min_size, self._max_size = min_size, max_size
         self._pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, check=_check_idle,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, int(timeout_s)),
-                    "options": f"-c search_path={schema} -c synchronous_commit=on"},
-            name="memwarden-ledger",
+            kwargs=self._conn_kwargs, name="memwarden-ledger",
         )
+        self._apool: AsyncConnectionPool | None = None
+        self._apool_loop: asyncio.AbstractEventLoop | None = None
         self._pool.open(wait=True, timeout=timeout_s)
         try:
             if migrate_on_open:
@@ -218,9 +259,100 @@ class PostgresLedger:
         return dict(self._pool.get_stats())
 
     def close(self) -> None:
+        """Close both pools and stop the listener. The asynchronous pool is closed here only when its
+        event loop is not running (else call `aclose` from that loop first; a running loop gets a task)."""
         if self._listener is not None:
             self._listener.stop()
         self._pool.close()
+        apool, loop = self._apool, self._apool_loop
+        self._apool = self._apool_loop = None
+        if apool is None or loop is None:
+            return
+        if loop.is_closed():
+            _drop_pool(apool)
+        elif loop.is_running():
+            loop.call_soon_threadsafe(lambda: loop.create_task(apool.close()))
+        else:
+            loop.run_until_complete(apool.close())
+
+    # -- the asynchronous pool (hot-path reads) ---------------------------------------------
+    async def open_async(self) -> None:
+        """Open the asynchronous pool in the running event loop (idempotent; a pool of another, earlier
+        loop is dropped). Does not wait for connections: a request that finds none within `timeout_s`
+        gets ``PoolTimeout``."""
+        loop = asyncio.get_running_loop()
+        if self._apool is not None and self._apool_loop is loop:
+            return
+        old = self._apool
+        pool = AsyncConnectionPool(
+            self._url, min_size=self._min_size, max_size=self._max_size, timeout=self._timeout_s, open=False,
+            check=_acheck_idle, kwargs=self._conn_kwargs, name="memwarden-ledger-async",
+        )
+        self._apool, self._apool_loop = pool, loop
+        await pool.open(wait=False)
+        if old is not None:  # opened in an earlier loop, now gone (one loop per test): nothing to await there
+            _drop_pool(old)
+
+    async def aclose(self) -> None:
+        """Close the asynchronous pool (from the loop that opened it)."""
+        pool, self._apool, self._apool_loop = self._apool, None, None
+        if pool is not None:
+            await pool.close()
+
+    @asynccontextmanager
+    async def _aconn(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
+        if self._apool is None or self._apool_loop is not asyncio.get_running_loop():
+            await self.open_async()
+        assert self._apool is not None
+        async with self._apool.connection() as conn:
+            yield conn
+
+    async def authenticate_async(self, plaintext: str) -> Principal | None:
+        """`authenticate`, one round trip on the asynchronous pool. Raises psycopg ``OperationalError``
+        (``PoolTimeout`` included) when the ledger cannot answer."""
+        parsed = parse_key(plaintext)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        async with self._aconn() as db:
+            cur = await db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,))
+            r = await cur.fetchone()
+        return self._check_key(r, secret)
+
+    async def read_rows_async(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
+                              ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        """In one round trip (one statement, `_READ_ROWS`): the ledger rows of `row_ids` (any status, as
+        `get_rows`), the Cedar entities of their owners the ledger knows (as `agent_entities`), and
+        whether the API key `key_id` exists and is not revoked now (True when `key_id` is None). Returns
+        (rows by id, owners by agent uid, key valid). Raises psycopg ``OperationalError`` as above."""
+        async with self._aconn() as db:
+            cur = await db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
+                                                "ids": list(dict.fromkeys(row_ids))})
+            result = await cur.fetchall()
+        return self._read_rows_result(result, key_id)
+
+    def read_rows(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
+                  ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        """`read_rows_async` on the synchronous pool (the same one statement)."""
+        with self._conn() as db:
+            result = db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
+                                             "ids": list(dict.fromkeys(row_ids))}).fetchall()
+        return self._read_rows_result(result, key_id)
+
+    @staticmethod
+    def _read_rows_result(result: list[dict[str, Any]], key_id: str | None
+                          ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        rows: dict[str, Row] = {}
+        owners: dict[str, dict[str, Any]] = {}
+        key_ok = bool(result[0]["key_ok"]) if result else key_id is None
+        for r in result:
+            if r["row_id"] is None:
+                continue
+            rows[r["row_id"]] = _row_from_db(r)
+            if r["a_tenant"] is not None:
+                owners[r["owner"]] = agent_entity(r["a_tenant"], r["a_fleet"], r["a_agent"], r["a_trust"],
+                                                  tuple(json.loads(r["a_roles"])))
+        return rows, owners, key_ok
 
     # -- cache invalidation (sidecar.ledger.cache) ------------------------------------------
     def _notify(self, db: psycopg.Connection[dict[str, Any]], what: str) -> None:
@@ -274,6 +406,10 @@ class PostgresLedger:
         key_id, secret = parsed
         with self._conn() as db:
             r = db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,)).fetchone()
+        return self._check_key(r, secret)
+
+    def _check_key(self, r: dict[str, Any] | None, secret: str) -> Principal | None:
+        """The principal of api_keys row `r` if `secret` is its secret and it is not revoked."""
         if r is None:
             hmac.compare_digest(hash_secret(b"\0" * 16, secret), "0" * 64)
             return None
@@ -295,6 +431,12 @@ class PostgresLedger:
             else:
                 rows = db.execute("SELECT * FROM api_keys WHERE tenant = %s ORDER BY created_at, key_id", (tenant,)).fetchall()
         return [self._key(r) for r in rows]
+
+    def key_valid(self, key_id: str) -> bool:
+        """Whether key `key_id` exists and is not revoked (read now)."""
+        with self._conn() as db:
+            r = db.execute("SELECT 1 AS one FROM api_keys WHERE key_id = %s AND revoked_at IS NULL", (key_id,)).fetchone()
+        return r is not None
 
     def revoke_key(self, key_id: str) -> bool:
         """Revoke a key; True if it existed and was active. Committed before return."""

@@ -312,6 +312,12 @@ class SQLiteLedger:
                 rows = self._db.execute("SELECT * FROM api_keys WHERE tenant = ? ORDER BY created_at", (tenant,)).fetchall()
         return [self._key(r) for r in rows]
 
+    def key_valid(self, key_id: str) -> bool:
+        """Whether key `key_id` exists and is not revoked (read now)."""
+        with self._lock:
+            r = self._db.execute("SELECT 1 FROM api_keys WHERE key_id = ? AND revoked_at IS NULL", (key_id,)).fetchone()
+        return r is not None
+
     def revoke_key(self, key_id: str) -> bool:
         """Revoke a key; True if it existed and was active."""
         with self._tx() as db:

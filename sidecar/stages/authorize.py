@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
 
-from sidecar.errors import Forbidden
+from sidecar.errors import Forbidden, Unauthorized
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
 from sidecar.ledger import Ledger, offloop
@@ -62,6 +62,54 @@ class Authorizer:
     def __init__(self, policy: "PolicyHandle", ledger: Ledger) -> None:
         self.policy = policy
         self.ledger = ledger
+        # (method, canonical segments) -> whether the request is a read whose key re-check may ride on its
+        # first ledger read (`authenticate`); set by the backend profile, which ends such requests with `settle`.
+        self.deferrable: Callable[[str, list[str]], bool] = lambda method, segments: False
+
+    async def authenticate(self, ex: Exchange, key: str) -> Principal | None:
+        """The principal of API key `key`, or None (unknown, revoked, malformed).
+
+        Normally read from the ledger now (`offloop.authenticate`: one round trip, awaited on the
+        asynchronous pool or in a worker thread on PostgreSQL). For a read the profile marks `deferrable`,
+        on a ledger whose `read_rows` can re-check a key (PostgreSQL), a principal this process verified
+        earlier (`CachingLedger.verified_principal`, kept under the caches' invalidation rules) is used at
+        once and the key is re-checked in the same statement as the read's first ledger rows (`prefetch`)
+        or, when the read fetched none, by `settle` before the answer leaves: a key revoked by any replica
+        fails that very request with 401, nothing of the read is served, and the read costs one ledger
+        round trip. Raises `LedgerUnavailable` (503)."""
+        verified = getattr(self.ledger, "verified_principal", None)
+        if verified is not None and hasattr(self.ledger, "read_rows") and self.deferrable(ex.method, ex.segments):
+            p = verified(key)
+            if p is not None:
+                ex.key_recheck = (p.key_id, key)
+                return p
+        return await offloop.authenticate(self.ledger, key)
+
+    async def warm_collection(self, backend: str, collection_id: str) -> None:
+        """On a ledger that does network I/O, read collection `collection_id` into the collections cache in a
+        worker thread when it is not there, so the handler's own (synchronous) lookup does not block the
+        event loop. Raises `LedgerUnavailable` (503)."""
+        cached = getattr(self.ledger, "cached_collection", None)
+        if cached is None or not offloop.blocking(self.ledger) or cached(backend, collection_id):
+            return
+        await offloop.call(self.ledger, self.ledger.get_collection, backend, collection_id)
+
+    def _rechecked(self, ex: Exchange, key_ok: bool) -> None:
+        """Settle a pending key re-check with its answer: 401 (and the kept principal dropped) if the key is
+        no longer valid."""
+        pending, ex.key_recheck = ex.key_recheck, None
+        if pending is not None and not key_ok:
+            forget = getattr(self.ledger, "forget_key", None)
+            if forget is not None:
+                forget(pending[1])
+            raise Unauthorized("unknown or revoked API key")
+
+    async def settle(self, ex: Exchange) -> None:
+        """Re-check the caller's key now if `authenticate` deferred it and no `prefetch` did it (one round
+        trip); raises `Unauthorized` (401) if it was revoked, `LedgerUnavailable` (503)."""
+        if ex.key_recheck is not None:
+            _, _, key_ok = await offloop.read_rows(self.ledger, "", "", [], ex.key_recheck[0])
+            self._rechecked(ex, key_ok)
 
     def pushdown(self, configured: str) -> str:
         """The visibility filter to send to the backend: `configured` (``scope`` or ``tenant``), widened to
@@ -172,9 +220,9 @@ class Authorizer:
         engine = ex.policy_set.engine
         attrs = getattr(engine, "row_classes", None)
         if contexts is not None or attrs is None:
-            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts))
+            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts, self.owners(ex, rows)))
         p = ex.principal
-        owners = self.ledger.agent_entities({r.owner for r in rows})
+        owners = self.owners(ex, rows)
         owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if "owner" in attrs else {}
         head = (p.kind, p.uid, p.trust, p.roles, action)
         keys = [(head, class_key(row, attrs, owner_keys)) for row in rows]
@@ -197,31 +245,40 @@ class Authorizer:
         return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
 
     async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> None:
-        """Read the ledger rows of `row_ids` and their owners' agent entities in one trip off the event
-        loop (`sidecar.ledger.offloop`), for the `readable_rows` calls of the read in progress; only
-        when the ledger is `offloop.blocking` (PostgreSQL). The rows are fetched now, on this request,
-        never taken from an earlier one; the caller drops them (`release`) when its read ends. Raises
-        `LedgerUnavailable` (503) when the ledger cannot answer."""
-        if not row_ids or not offloop.blocking(self.ledger):
+        """Read the ledger rows of `row_ids` and their owners' agent entities in one ledger round trip
+        that does not block the event loop (`sidecar.ledger.offloop.read_rows`: one statement on
+        PostgreSQL's asynchronous pool, or one worker-thread trip), for the `readable_rows` calls of the
+        read in progress; only when the ledger is `offloop.blocking` or `offloop.asynchronous`
+        (PostgreSQL). The rows are fetched now, on this request, never taken from an earlier one; the
+        caller drops them (`release`) when its read ends. A key re-check `authenticate` deferred is made in
+        the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
+        when the ledger cannot answer."""
+        if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)):
             return
         ids = list(dict.fromkeys(row_ids))
-        ledger = self.ledger
-
-        def fetch() -> dict[str, Any]:
-            rows = ledger.get_rows(backend, collection_id, ids)
-            if rows:
-                ledger.agent_entities({r.owner for r in rows.values()})  # warms the agents cache (one query)
-            return rows
-
-        rows = await offloop.call(ledger, fetch)
+        recheck = ex.key_recheck[0] if ex.key_recheck is not None else None
+        rows, owners, key_ok = await offloop.read_rows(self.ledger, backend, collection_id, ids, recheck)
+        self._rechecked(ex, key_ok)
         pre = ex.prefetched.setdefault((backend, collection_id), {})
         for i in ids:
             pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
+        for row in rows.values():
+            ex.prefetched_owners[row.owner] = owners.get(row.owner)  # None: no such agent (asked)
 
     @staticmethod
     def release(ex: Exchange, backend: str, collection_id: str) -> None:
         """Drop the rows `prefetch` read for (backend, collection)."""
         ex.prefetched.pop((backend, collection_id), None)
+        ex.prefetched_owners.clear()
+
+    def owners(self, ex: Exchange, rows: list[Row]) -> dict[str, dict[str, Any]]:
+        """The agent entities of the owners of `rows` that the ledger knows: those `prefetch` read for the
+        read in progress when it read them all, else one ledger call."""
+        uids = {r.owner for r in rows}
+        pre = ex.prefetched_owners
+        if uids and all(u in pre for u in uids):
+            return {u: pre[u] for u in uids if pre[u] is not None}
+        return self.ledger.agent_entities(uids)
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:

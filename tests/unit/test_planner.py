@@ -67,6 +67,32 @@ def test_plans_and_observations() -> None:
     assert not empty.plan(A, "c", 10).unfiltered
 
 
+def test_warm_counts_are_used_as_if_plan_had_read_them() -> None:
+    """`warm` (counts read off the event loop by the caller) leaves the planner exactly where `plan` reading
+    them would: not stale, the same plans, no read of its own; a stale entry is refreshed, dropping
+    observations, as on every refresh."""
+    calls: list[str] = []
+    rows = [("tenant", "red", "t/red/x", (), "active", 100)]
+
+    def counts(cid: str) -> Any:
+        calls.append(cid)
+        return rows
+
+    warmed, read = QueryPlanner("auto", 2, 100_000, counts), QueryPlanner("auto", 2, 100_000, counts)
+    assert warmed.stale("c")
+    warmed.warm("c", rows)
+    assert not warmed.stale("c") and calls == []
+    assert warmed.plan(A, "c", 10) == read.plan(A, "c", 10) and calls == ["c"]
+    for _ in range(QueryPlanner.OBSERVATIONS):
+        warmed.observe(A, "c", 20, 1)
+    assert not warmed.plan(A, "c", 10).unfiltered
+    warmed._stats["c"].loaded_at -= warmed.ttl_s + 1  # noqa: SLF001 (the entry ages past ttl_s)
+    assert warmed.stale("c")
+    warmed.warm("c", rows)
+    assert warmed.plan(A, "c", 10).unfiltered  # observations dropped with the refresh
+    assert calls == ["c"]
+
+
 class FakeChroma:
     """A MockTransport Chroma: exact nearest neighbours over stored rows, honouring the visibility
     ``where`` the sidecar sends (the subset of Chroma's filter language it uses)."""
