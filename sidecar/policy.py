@@ -17,11 +17,25 @@ from pathlib import Path
 from typing import Any
 
 import cedarpy
+import orjson
 
 from sidecar.errors import PolicyLoadError
 
 # Deny reasons of a Cedar answer (the decision log's ``reason``).
 NO_PERMIT, FORBID, EVALUATION_ERROR = "no_permit", "forbid", "evaluation_error"
+def canonical_json(value: Any) -> str:
+    """One canonical JSON text per JSON value (object keys sorted): orjson's compact form, or — for what
+    orjson refuses (an integer beyond 64 bits, a lone surrogate, a non-string key) — the standard
+    library's ``sort_keys`` form behind a marker, so the two forms never produce the same text for
+    different values. Equal texts ⇔ equal JSON values (types kept: ``1``, ``1.0`` and ``true`` differ).
+    Used for memo and class keys and for the entity JSON handed to Cedar (any valid JSON of the
+    same value parses to the same entities)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return "\x00" + json.dumps(value, sort_keys=True)
+
+
 _QUOTED = re.compile(r"`[^`]*`|\"(?:[^\"\\]|\\.)*\"")
 _POLICY_IN_ERROR = re.compile(r"policy `(policy\d+)`")
 
@@ -141,9 +155,11 @@ class PolicyEngine:
         """
         if not requests:
             return []
-        entities_json = json.dumps(entities, sort_keys=True, separators=(",", ":"))
+        entities_json = canonical_json(entities)
+        if entities_json.startswith("\x00"):  # what orjson refused: the standard library's text for Cedar
+            entities_json = json.dumps(entities, sort_keys=True, separators=(",", ":"))
         if len(requests) == 1:
-            key = json.dumps(requests[0].to_json(), sort_keys=True) + entities_json
+            key = canonical_json(requests[0].to_json()) + "\x00" + entities_json
             hit = self._memo.get(key)
             if hit is not None:
                 return [hit]

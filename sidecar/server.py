@@ -57,6 +57,53 @@ REQUEST_TIMEOUT = _response(408, "request_timeout", "request headers not receive
 OVERLOADED = _response(503, "overloaded", "too many connections; retry")
 
 
+_COALESCE_MAX = 256 * 1024  # bytes: a longer write is not joined to the held one
+
+
+class CoalescingTransport:
+    """The connection's transport as uvicorn's protocol sees it: a write is held until the next write or
+    the end of the current event-loop turn, so a response's head and body (two ``write`` calls in
+    uvicorn) leave in one ``send`` system call and one TCP segment instead of two. Order is kept; `close`
+    sends what is held first; `abort` drops it as it drops the transport's buffer; a held write is sent
+    when the loop next runs its ready callbacks. Everything else is the transport's own."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+        elif len(data) > _COALESCE_MAX:  # a large body is not copied: two writes, in order
+            self._held = None
+            self._transport.write(held)
+            self._transport.write(data)
+        else:
+            self._held = None
+            self._transport.write(held + data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """An `HttpToolsProtocol` subclass enforcing `limits` (see the module docstring), for
     ``uvicorn.run(app, http=guarded_protocol(limits))``."""
@@ -96,7 +143,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         # -- connection --------------------------------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
             if len(self.connections) > self._limits.max_connections:
                 waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
                            and c._evictable()]

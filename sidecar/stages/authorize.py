@@ -10,7 +10,6 @@ the exchange for the decision log (counts, reasons, evaluation errors, shadow wo
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Callable
 
 import structlog
@@ -19,7 +18,7 @@ from sidecar.errors import Forbidden, Unauthorized
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
 from sidecar.ledger import Ledger, offloop
-from sidecar.policy import CedarRequest, Decision
+from sidecar.policy import CedarRequest, Decision, canonical_json
 from sidecar.stages.canonicalize import well_formed
 
 if TYPE_CHECKING:
@@ -224,7 +223,7 @@ class Authorizer:
             return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts, self.owners(ex, rows)))
         p = ex.principal
         owners = self.owners(ex, rows)
-        owner_keys = {uid: json.dumps(e, sort_keys=True) for uid, e in owners.items()} if "owner" in attrs else {}
+        owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if "owner" in attrs else {}
         head = (p.kind, p.uid, p.trust, p.roles, action)
         keys = [(head, class_key(row, attrs, owner_keys)) for row in rows]
         memo: dict[Any, Decision] = engine.class_memo
@@ -338,7 +337,7 @@ def class_key(row: Row, attrs: frozenset[str], owner_keys: dict[str, str]) -> tu
     values: list[Any] = [row.tenant, row.fleet]
     for name in sorted(attrs):
         value = entity.get(name, _ABSENT)
-        values.append(value if isinstance(value, (str, int, bool)) else json.dumps(value, sort_keys=True))
+        values.append(value if isinstance(value, (str, int, bool)) else canonical_json(value))
     if "owner" in attrs:
         values.append(owner_keys.get(row.owner))
     return tuple(values)
