@@ -668,7 +668,7 @@ class ChromaProfile:
                 ex.decision, ex.action, ex.row_ids = "deny", "write", denied
                 raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
 
-        known = self.ledger.get_rows(BACKEND, rec.collection_id, ids)
+        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, ids)  # off the loop (PostgreSQL)
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
@@ -743,7 +743,7 @@ class ChromaProfile:
                 for i in range(len(ids))
             ]
         new_rows = [final[i] for i in new_ids]
-        conflicts = self.ledger.reserve_rows(new_rows)
+        conflicts = await offloop.call(self.ledger, self.ledger.reserve_rows, new_rows)  # off the loop (PostgreSQL)
         if conflicts:
             raise Conflict("ids already exist")
         try:
@@ -772,7 +772,7 @@ class ChromaProfile:
                     self.ledger.update_governance(changed)
             raise
         if changed:
-            self.ledger.update_governance(changed)
+            await offloop.call(self.ledger, self.ledger.update_governance, changed)  # off the loop (PostgreSQL)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 
@@ -1045,7 +1045,7 @@ class ChromaProfile:
                 include=[], offset=0, limit=None, keep=lambda batch: set(batch),
             )
             candidate_ids = [r["ids"] for r in candidates]
-        known = self.ledger.get_rows(BACKEND, rec.collection_id, candidate_ids)
+        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)  # off the loop
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
         decisions = self.authz.decide_rows(ex, "delete", rows)
         allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
