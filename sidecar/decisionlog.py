@@ -41,6 +41,7 @@ from sidecar import logsinks
 from sidecar.exchange import Exchange
 
 _configured = False
+_decision_logger: Any = None  # bound once structlog is configured (configure is once per process)
 
 
 def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> str:
@@ -56,7 +57,7 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> st
 def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
               max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = ()) -> None:
     """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields."""
-    global _configured
+    global _configured, _decision_logger
     if _configured:
         return
     structlog.configure(
@@ -71,13 +72,16 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
         cache_logger_on_first_use=True,
     )
     _configured = True
+    # One proxy for every decision event: it binds on first use and keeps the bound logger (structlog's
+    # cache_logger_on_first_use), where a get_logger per event bound a new one each time.
+    _decision_logger = structlog.get_logger("memwarden.decision")
 
 
 def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
     """Emit the decision event for a finished exchange (fields: module docstring)."""
     shadow = {"would_deny": ex.would_deny, "would_deny_reasons": ex.would_deny_reasons or None,
               "would_deny_row_ids": ex.would_deny_row_ids or None} if mode == "shadow" else {}
-    structlog.get_logger("memwarden.decision").info(
+    (_decision_logger or structlog.get_logger("memwarden.decision")).info(
         "decision",
         request_id=ex.request_id,
         principal=ex.principal.describe() if ex.principal else None,

@@ -33,6 +33,7 @@ IDENTITY_HEADERS = {
 }
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SEGMENT_FORBIDDEN = set("/\\;?#%")
+_PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9._~-]*)+")  # RFC 3986 unreserved characters between slashes
 
 
 def _decode_segment(raw: str) -> str:
@@ -64,6 +65,11 @@ def canonical_path(raw_path: bytes) -> list[str]:
     if "//" in path:
         raise BadRequest("empty path segments ('//') are not accepted")
     raw_segments = path[1:].split("/")
+    if _PLAIN_PATH.fullmatch(path):  # unreserved characters only: each segment decodes to itself
+        for s in raw_segments:
+            if s in (".", ".."):
+                raise BadRequest("dot segments are not accepted")
+        return raw_segments
     return [_decode_segment(s) for s in raw_segments]
 
 
