@@ -248,12 +248,14 @@ class Authorizer:
         """Read the ledger rows of `row_ids` and their owners' agent entities in one ledger round trip
         that does not block the event loop (`sidecar.ledger.offloop.read_rows`: one statement on
         PostgreSQL's asynchronous pool, or one worker-thread trip), for the `readable_rows` calls of the
-        read in progress; only when the ledger is `offloop.blocking` or `offloop.asynchronous`
-        (PostgreSQL). The rows are fetched now, on this request, never taken from an earlier one; the
-        caller drops them (`release`) when its read ends. A key re-check `authenticate` deferred is made in
+        read in progress; only on PostgreSQL (`offloop.blocking`, `offloop.asynchronous`, or inline
+        with ``ledger_off_loop=false`` — still one statement). The rows are fetched now, on this
+        request, never taken from an earlier one; the caller drops them (`release`) when its read ends.
+        A key re-check `authenticate` deferred is made in
         the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
         when the ledger cannot answer."""
-        if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)):
+        if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
+                               or hasattr(self.ledger, "read_rows")):
             return
         ids = list(dict.fromkeys(row_ids))
         recheck = ex.key_recheck[0] if ex.key_recheck is not None else None

@@ -146,3 +146,25 @@ def test_a_revoked_key_is_refused_on_writes_too(pair: Pair) -> None:
     _, reader = pair.key("agent", "red", "r2")
     r = pair.call(pair.b, reader, "get")
     assert r.status_code == 200 and "new1" not in r.json()["ids"]
+
+
+def test_inline_ledger_calls_are_one_trip_too(pair: Pair, chroma_server: Server, tmp_path: Path) -> None:
+    """With ``LEDGER_OFF_LOOP=false`` (PostgreSQL calls inline on the loop) a warm read is still one
+    `read_rows` statement, with the same answers."""
+    env = {"MEMWARDEN_LEDGER_URL": pair.url, "MEMWARDEN_LEDGER_SCHEMA": pair.schema, "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
+           "MEMWARDEN_LEDGER_POOL_MIN": "0", "MEMWARDEN_LEDGER_POOL_MAX": "1", "MEMWARDEN_LEDGER_CACHE_TTL_S": "60",
+           "MEMWARDEN_LEDGER_OFF_LOOP": "false"}
+    c = start_sidecar(chroma_server.url, tmp_path / "c.db", POLICIES, extra_env=env)
+    try:
+        _, key = pair.key("agent", "red", f"i{uuid.uuid4().hex[:6]}")
+        for op in OPS:
+            pair.call(c, key, op)
+        before = ledger_calls(c)
+        got = [(r.status_code, r.json()) for r in (pair.call(c, key, op) for op in OPS)]
+        after = ledger_calls(c)
+        want = [(r.status_code, r.json()) for r in (pair.call(pair.a, key, op) for op in OPS)]
+    finally:
+        c.stop()
+    delta = {m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)}
+    assert delta == {"read_rows": len(OPS)}, delta
+    assert got == want
