@@ -117,19 +117,26 @@ class SchemaOutOfDate(RuntimeError):
     """The database schema is older than this code and migrations at open are disabled."""
 
 
+def _readable(fd: int) -> bool:
+    """Whether `fd` has data, EOF or an error pending, without blocking. ``poll(2)``, not ``select(2)``: select
+    refuses descriptors >= FD_SETSIZE (1024), which a sidecar holding many client connections (or a long test
+    process) reaches — every pool checkout would then fail its check and the ledger would time out."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
 def _check_idle(conn: psycopg.Connection[Any]) -> None:
     """Pool check on checkout, without a round trip in the common case: an idle connection whose
     socket is readable has been closed or sent something (server restart, terminated backend,
     idle timeout), so it is verified with a real round trip and discarded by the pool if broken."""
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    if _readable(conn.fileno()):
         ConnectionPool.check_connection(conn)
 
 
 async def _acheck_idle(conn: psycopg.AsyncConnection[Any]) -> None:
     """`_check_idle` for the asynchronous pool."""
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    if _readable(conn.fileno()):
         await AsyncConnectionPool.check_connection(conn)
 
 
@@ -735,7 +742,7 @@ class _Listener(threading.Thread):
         if fd is None:
             return None
         try:
-            if select.select([fd], [], [], 0)[0]:  # a notification (or EOF) not yet read: no cache now
+            if _readable(fd):  # a notification (or EOF) not yet read: no cache now
                 return None
         except (OSError, ValueError):
             return None

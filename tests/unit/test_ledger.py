@@ -3,8 +3,10 @@ test): keys are stored hashed, revocation is immediate, reservations and tombsto
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -612,3 +614,32 @@ def test_adopt_rows_never_touches_what_the_ledger_holds(ledger: Ledger) -> None:
     assert ledger.listing_keys("chroma", "c1", "t") == [("agent_id", "bot")]
     assert ledger.listing_keys("chroma", "c1", "u") == [("user_id", "x")]
     assert ledger.listing_keys("chroma", "c2", "t") == []
+
+
+def test_postgres_ledger_works_with_descriptors_above_fd_setsize(pg_url: str) -> None:  # noqa: F811
+    """With more than 1,024 descriptors open (a sidecar holding many client connections; seen in a full
+    test run), the pool's checkout check and the listener's pending-notification test still work: select(2)
+    cannot watch such descriptors, and every checkout used to fail its check until PoolTimeout."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1400:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1400, hard), hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(max(0, 1100 - len(os.listdir("/proc/self/fd"))))]
+    try:
+        ledger = PostgresLedger(pg_url, schema=fresh_schema(), min_size=1, max_size=2, timeout_s=3)
+        try:
+            with ledger._conn() as db:
+                assert db.fileno() >= 1024  # the case this test is about
+            _, key = ledger.create_key("agent", "t", "red", "a", 1)
+            assert ledger.authenticate(key) is not None  # a checkout after an idle period: the check ran
+            deadline = time.monotonic() + 10
+            while ledger.cache_version() is None and time.monotonic() < deadline:  # the listener connects
+                time.sleep(0.01)
+            assert ledger.cache_version() is not None
+        finally:
+            ledger.close()
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
