@@ -857,11 +857,8 @@ class ChromaProfile:
             fetched = len(resp["ids"])
             batch = self._rows(ex, resp, fetched)
             batch_ids = [r["ids"] for r in batch]
-            await self.authz.prefetch(ex, BACKEND, rec.collection_id, batch_ids)  # off the loop (PostgreSQL)
-            try:
+            async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
                 allowed = keep(batch_ids)
-            finally:
-                self.authz.release(ex, BACKEND, rec.collection_id)
             for row in batch:
                 if row["ids"] not in allowed:
                     continue
@@ -960,12 +957,9 @@ class ChromaProfile:
             for j in range(len(pending)):
                 sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
                 per_query.append(self._rows(ex, sub, len(resp["ids"][j])))
-            await self.authz.prefetch(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
-                                      [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]])
-            try:
+            async with self.authz.prefetched(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
+                                             [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]]):
                 taken = self._first_readable(ex, rec, per_query, k, keep)
-            finally:
-                self.authz.release(ex, BACKEND, rec.collection_id)
             still: list[int] = []
             for j, i in enumerate(pending):
                 exhausted = len(resp["ids"][j]) < n_fetch or n_fetch >= self.settings.max_scan_rows

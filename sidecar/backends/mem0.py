@@ -267,11 +267,8 @@ class Mem0Profile:
     async def _readable_or_404_off_loop(self, ex: Exchange, memory_id: str, include_superseded: bool = False,
                                         as_of: int | None = None) -> Row:
         """`_readable_or_404` with its ledger read made in one trip off the event loop (PostgreSQL)."""
-        await self.authz.prefetch(ex, BACKEND, self.coll, [memory_id])
-        try:
+        async with self.authz.prefetched(ex, BACKEND, self.coll, [memory_id]):
             return self._readable_or_404(ex, memory_id, include_superseded, as_of)
-        finally:
-            self.authz.release(ex, BACKEND, self.coll)
 
     def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split client metadata into (plain, requested governance); 400 on other ``mw_`` or identity keys."""
@@ -647,11 +644,8 @@ class Mem0Profile:
         show_expired = bool(_bool_param(q.get("show_expired"), "show_expired"))
         rows = await self._list_rows(ex, q, show_expired)
         ids = [r["id"] for r in rows]
-        await self.authz.prefetch(ex, BACKEND, self.coll, ids)  # one ledger trip off the loop (PostgreSQL)
-        try:
+        async with self.authz.prefetched(ex, BACKEND, self.coll, ids):  # one ledger trip off the loop (PostgreSQL)
             allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of)
-        finally:
-            self.authz.release(ex, BACKEND, self.coll)
         kept = [r for r in rows if r["id"] in allowed][:top_k]
         self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
@@ -807,11 +801,8 @@ class Mem0Profile:
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:
-                await self.authz.prefetch(ex, BACKEND, self.coll, wanted)  # one ledger trip off the loop (PostgreSQL)
-                try:
+                async with self.authz.prefetched(ex, BACKEND, self.coll, wanted):  # one ledger trip off the loop (PostgreSQL)
                     allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of)
-                finally:
-                    self.authz.release(ex, BACKEND, self.coll)
                 decided.update({i: i in allowed for i in wanted})
             kept = [r for r in matching if decided[r["id"]]]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:

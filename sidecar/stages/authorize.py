@@ -10,7 +10,8 @@ the exchange for the decision log (counts, reasons, evaluation errors, shadow wo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import structlog
 
@@ -272,6 +273,16 @@ class Authorizer:
         """Drop the rows `prefetch` read for (backend, collection)."""
         ex.prefetched.pop((backend, collection_id), None)
         ex.prefetched_owners.clear()
+
+    @asynccontextmanager
+    async def prefetched(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> AsyncIterator[None]:
+        """``async with``: `prefetch` the rows of `row_ids` for the decisions made inside the block, and
+        `release` them when it ends, however it ends. Raises what `prefetch` raises (401, 503)."""
+        await self.prefetch(ex, backend, collection_id, row_ids)
+        try:
+            yield
+        finally:
+            self.release(ex, backend, collection_id)
 
     def owners(self, ex: Exchange, rows: list[Row]) -> dict[str, dict[str, Any]]:
         """The agent entities of the owners of `rows` that the ledger knows: those `prefetch` read for the
