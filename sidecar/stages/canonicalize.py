@@ -7,8 +7,9 @@ in the path, query, header names or values, a request target that is not origin-
 headers/parameters, repeated query parameters, ``Content-Length`` with ``Transfer-Encoding`` or
 conflicting lengths; JSON bodies with duplicate keys at any depth, non-finite numbers (``NaN``,
 ``Infinity``, ``1e999``), integers outside the signed 64-bit range, lone UTF-16 surrogates in strings
-or keys, or nesting deeper than the limit; bodies over the limit → 413. Client identity headers are
-stripped (never used). Sources: RFC 3986 §3.3 and §6.2.2; RFC 9112 §3.2 and §6.3; RFC 9110 §7.1;
+or keys, or nesting deeper than the limit; bodies over the limit → 413. A body is parsed by orjson where
+that is certain to give the strict standard-library parser's value, else by that parser (`parse_json_body`).
+Client identity headers are stripped (never used). Sources: RFC 3986 §3.3 and §6.2.2; RFC 9112 §3.2 and §6.3; RFC 9110 §7.1;
 RFC 8259 §6–8 (numbers, strings); advisories for Envoy (CVE-2019-9901 path normalisation), Istio and
 OPA path-confusion classes.
 """
@@ -20,6 +21,8 @@ import math
 import re
 from typing import Any
 from urllib.parse import unquote_to_bytes
+
+import orjson
 
 from sidecar.errors import BadRequest, PayloadTooLarge, Unauthorized
 
@@ -217,6 +220,7 @@ def _check_tree(value: Any, max_depth: int) -> None:
 
 
 _FINITE = math.isfinite
+_fsum = math.fsum
 _NO_CHECK = frozenset({int, bool, type(None)})
 
 
@@ -289,10 +293,103 @@ def _no_surrogates(text: str) -> None:
         raise BadRequest("JSON string contains a lone UTF-16 surrogate (not a Unicode scalar value)") from exc
 
 
+# The fast path of `parse_json_body` (orjson), used only where it is certain to give what the reference
+# parser (the standard library's, with the hooks above) gives. Every string token of a valid JSON text, in
+# order: the group is ':' (with any whitespace before it) exactly when the token is an object key. The
+# pattern matches at the opening quote of every string, so the scan never starts inside one.
+_STRING_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?', re.S)
+_INT64_MAX = 2 ** 63 - 1
+# orjson holds an integer token in -2**63 .. 2**64-1 as an int and any other one as a float, whose magnitude
+# is then at least 2**63; a float below this bound therefore came from a number token with a fraction or
+# an exponent, as in the reference parser. Comparisons with it also refuse infinities and NaN.
+_FLOAT_BOUND = 2.0 ** 63
+_FAST_MAX_DEPTH = 256  # deeper limits: the reference parser only (its recursion limit decides near 1000)
+
+
+def _fast_members(value: Any, max_depth: int) -> int:
+    """For a value orjson parsed: -1 unless the reference rules hold (nesting at most `max_depth`; ints in
+    the signed 64-bit range; floats finite and below `_FLOAT_BOUND` in magnitude; no lone surrogate in a
+    string or key; only the types orjson makes), else the number of object members in the tree."""
+    members = 0
+    strings: list[str] = []
+    stack: list[tuple[Any, int]] = [([value], 0)]
+    bound = _FLOAT_BOUND
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            members += len(item)
+            strings.extend(item)
+            children: Any = item.values()
+        else:  # a list
+            children = item
+            if len(item) > 8:
+                try:  # numbers only (no str, None or container: abs refuses those): one bound for all
+                    total = _fsum(map(abs, item))
+                except (TypeError, OverflowError):
+                    total = None
+                if total is not None:
+                    # fsum is correctly rounded, so it is at least the largest |x| (rounding is monotone):
+                    # below the bound, every float is finite and below it, every int is in the signed
+                    # 64-bit range (-2**63 itself is refused here and checked by the reference). NaN fails.
+                    if depth > max_depth or not total < bound:
+                        return -1
+                    continue
+                if set(map(type, item)) == {str}:
+                    if depth > max_depth:
+                        return -1
+                    strings.extend(item)
+                    continue
+        if depth > max_depth:
+            return -1
+        d = depth + 1
+        for child in children:
+            t = type(child)
+            if t is str:
+                strings.append(child)
+            elif t is float:
+                if not -bound < child < bound:
+                    return -1
+            elif t is int:
+                if child > _INT64_MAX:
+                    return -1
+            elif t is dict or t is list:
+                stack.append((child, d))
+            elif child is not None and t is not bool:
+                return -1
+    try:
+        "".join(strings).encode("utf-8")
+    except UnicodeEncodeError:
+        return -1
+    return members
+
+
+def _fast_parse(text: str, max_depth: int) -> tuple[bool, Any]:
+    """(True, value) when orjson parses `text` and the reference parser would give an equal value (same
+    types, same floats); (False, None) on any doubt. Duplicate keys: orjson keeps the last value, so the
+    object members in the tree are counted against the key tokens in the text; fewer means one collapsed."""
+    if max_depth > _FAST_MAX_DEPTH:
+        return False, None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False, None
+    members = _fast_members(value, max_depth)
+    if members < 0:
+        return False, None
+    if members:
+        tokens = _STRING_TOKEN.findall(text)
+        if len(tokens) - tokens.count("") != members:
+            return False, None
+    return True, value
+
+
 def parse_json_body(body: bytes, content_type: str | None, max_depth: int = 32) -> Any:
     """Parse a JSON body strictly: UTF-8; no duplicate keys; numbers finite 64-bit floats or signed
     64-bit integers; strings and keys Unicode scalar values (no lone surrogate); nesting at most
-    `max_depth` arrays/objects. Empty body → None. Raises `BadRequest` naming what was refused."""
+    `max_depth` arrays/objects. Empty body → None. Raises `BadRequest` naming what was refused.
+
+    orjson parses first (`_fast_parse`); whatever it refuses or leaves in doubt is parsed by the
+    reference (the standard library with strict hooks), which gives the value or the error."""
     if not body:
         return None
     if content_type is not None and "json" not in content_type.lower():
@@ -301,6 +398,14 @@ def parse_json_body(body: bytes, content_type: str | None, max_depth: int = 32) 
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest("JSON body is not valid UTF-8") from exc
+    ok, value = _fast_parse(text, max_depth)
+    if ok:
+        return value
+    return _reference_parse(text, max_depth)
+
+
+def _reference_parse(text: str, max_depth: int) -> Any:
+    """The reference parser of `parse_json_body` for decoded `text`. Raises `BadRequest`."""
     try:
         value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant,
                            parse_int=_int64)

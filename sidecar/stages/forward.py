@@ -9,7 +9,7 @@ Requests are `httpx.Request`s sent through an httpx transport — `sidecar.stage
 (pooled HTTP/1.1 with httptools; unit tests pass an `httpx.MockTransport`) — without httpx's Client layer. Backend bodies are encoded and decoded with
 orjson; a backend answer orjson refuses (Python's ``NaN``, integers beyond 64 bits) is decoded again by
 the standard library, so such a value only drops the row it is in (`sidecar.stages.authorize.well_formed_rows`)
-as before. Client bodies are parsed by the strict parser of `sidecar.stages.canonicalize`, never here.
+as before. Client bodies are parsed by the strict parser of `sidecar.stages.canonicalize` (`parse_json_body`), never here.
 """
 
 from __future__ import annotations
