@@ -177,6 +177,42 @@ def _row_from_db(r: Any) -> Row:
     )
 
 
+_EMPTY_LIST, _EMPTY_OBJECT = "[]", "{}"  # what `_row_to_db` stores for no readers / labels / extra
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A readers or labels column (a JSON list of strings) as a tuple; ``"[]"`` without the JSON parser."""
+    return () if text == _EMPTY_LIST else tuple(json.loads(text))
+
+
+def _row_from_tuple(t: tuple[Any, ...]) -> Row:
+    """`_row_from_db` for a plain tuple in `_ROW_COLUMNS` order (a cursor without a row factory): the same
+    `Row`, built by position instead of by name, and with no JSON parse for empty readers, labels and extra
+    (the common case). Used on the SQLite read path (`SQLiteLedger.get_rows`)."""
+    (backend, collection, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, created_at, _updated_at,
+     request_id, subject, predicate, obj, extra, source, single_valued, supersedes_collection, supersedes_id,
+     superseded_by_collection, superseded_by, superseded_at, content_hmac, _partition) = t
+    return Row(
+        backend, collection, row_id, tenant, fleet, owner, scope, writer, created_at, status,
+        _names(readers), _names(labels), request_id, subject, predicate, obj,
+        {} if extra == _EMPTY_OBJECT else json.loads(extra), source, (), bool(single_valued),
+        None if supersedes_id is None else (str(supersedes_collection), str(supersedes_id)),
+        None if superseded_by is None else (str(superseded_by_collection), str(superseded_by)),
+        superseded_at, content_hmac,
+    )
+
+
+_GET_ROWS_SQL: dict[int, str] = {}  # `get_rows` statement text by number of ids (sqlite3 caches by text)
+
+
+def _get_rows_sql(n: int) -> str:
+    sql = _GET_ROWS_SQL.get(n)
+    if sql is None:
+        sql = _GET_ROWS_SQL.setdefault(n, f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND collection_id = ? "
+                                          f"AND row_id IN ({','.join('?' * n)})")
+    return sql
+
+
 def _row_to_db(row: Row, updated_at: int) -> tuple[Any, ...]:
     return (
         row.backend, row.collection, row.row_id, row.tenant, row.fleet, row.owner, row.scope,
@@ -207,6 +243,8 @@ class SQLiteLedger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=30000")
+        self._version_cursor = self._db.cursor()  # `cache_version`, run on every cached lookup: a plain tuple
+        self._version_cursor.row_factory = None
         self.migrate()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -240,7 +278,7 @@ class SQLiteLedger:
         (changed by every commit of another connection to this file, from any process) and the number of
         write transactions committed through this one."""
         with self._lock:
-            return int(self._db.execute("PRAGMA data_version").fetchone()[0]), self._writes
+            return int(self._version_cursor.execute("PRAGMA data_version").fetchone()[0]), self._writes
 
     def ping(self) -> bool:
         with self._lock:
@@ -401,10 +439,11 @@ class SQLiteLedger:
         """Ledger rows for `row_ids` (any status, including pending and deleted)."""
         out: dict[str, Row] = {}
         with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None  # plain tuples, read by position (`_row_from_tuple`)
             for chunk in _chunks(list(dict.fromkeys(row_ids))):
-                q = f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND collection_id = ? AND row_id IN ({','.join('?' * len(chunk))})"
-                for r in self._db.execute(q, (backend, collection_id, *chunk)):
-                    out[r["row_id"]] = _row_from_db(r)
+                for t in cur.execute(_get_rows_sql(len(chunk)), (backend, collection_id, *chunk)):
+                    out[t[2]] = _row_from_tuple(t)
         return out
 
     def reserve_rows(self, rows: list[Row]) -> list[str]:
