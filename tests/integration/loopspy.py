@@ -12,6 +12,7 @@ import threading
 from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
+import psycopg
 
 T = TypeVar("T")
 
@@ -28,6 +29,7 @@ class LoopSpy:
         self.async_io = inner.async_io
         self.loop_thread: int | None = None
         self.calls: list[tuple[str, bool]] = []
+        self.fail: set[str] = set()  # methods that raise psycopg.OperationalError (an unreachable ledger)
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -38,6 +40,8 @@ class LoopSpy:
         def spied(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 self.calls.append((name, threading.get_ident() == self.loop_thread))
+            if name in self.fail:
+                raise psycopg.OperationalError(f"{name}: connection lost (LoopSpy)")
             return attr(*args, **kwargs)
         return spied
 
