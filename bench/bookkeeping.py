@@ -6,13 +6,18 @@ script that prints figures, not a test):
 - ``get_rows``: `SQLiteLedger.get_rows` of 1 and 10 ids on a SQLite file (rows as `bench/overhead.py` seeds
   them: no readers, labels or extra) against the former construction (``sqlite3.Row`` read by name,
   `_row_from_db`, JSON parsed for every column).
+- ``cache_version``: `SQLiteLedger.cache_version` (``PRAGMA data_version`` on a cursor of its own, plain
+  tuples) against the former read through the connection's ``sqlite3.Row`` factory.
+- ``_digest``: `CachingLedger._digest` (one-shot ``hmac.digest``) against ``hmac.new(...).digest()``.
 
-Prints microseconds per call (best of 5 repeats of `--n` calls) per case, old and new.
+Prints microseconds per call per case, old and new (best of 9 alternating rounds of `--n` calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import sqlite3
 import tempfile
 import timeit
@@ -20,11 +25,18 @@ from pathlib import Path
 from typing import Callable
 
 from sidecar.governance import Row
+from sidecar.ledger.cache import CachingLedger
 from sidecar.ledger.sqlite import _ROW_COLUMNS, SQLiteLedger, _chunks, _row_from_db
 
 
-def best_us(fn: Callable[[], object], n: int) -> float:
-    return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+def pair_us(old: Callable[[], object], new: Callable[[], object], n: int, repeat: int = 9) -> tuple[float, float]:
+    """Best microseconds per call of `old` and of `new`, `repeat` rounds of `n` calls each, alternating (so both
+    see the same periods of machine load)."""
+    o, w = [], []
+    for _ in range(repeat):
+        o.append(timeit.timeit(old, number=n))
+        w.append(timeit.timeit(new, number=n))
+    return min(o) / n * 1e6, min(w) / n * 1e6
 
 
 def old_get_rows(ledger: SQLiteLedger, backend: str, collection_id: str, row_ids: list[str]) -> dict[str, Row]:
@@ -48,10 +60,36 @@ def bench_get_rows(n: int) -> None:
         for k in (1, 10):
             ids = [f"r{i * 7 % 100}" for i in range(k)]
             assert old_get_rows(ledger, "chroma", "c", ids) == ledger.get_rows("chroma", "c", ids)
-            old = best_us(lambda: old_get_rows(ledger, "chroma", "c", ids), n // k)
-            new = best_us(lambda: ledger.get_rows("chroma", "c", ids), n // k)
+            old, new = pair_us(lambda: old_get_rows(ledger, "chroma", "c", ids), lambda: ledger.get_rows("chroma", "c", ids),
+                               n // k)
             print(f"get_rows {k:>2} ids   old {old:8.2f} us   new {new:8.2f} us   {100 * (new - old) / old:+.0f} %")
         ledger.close()
+
+
+def bench_cache_version(n: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = SQLiteLedger(Path(tmp) / "l.db")
+
+        def old() -> tuple[int, int]:
+            with ledger._lock:
+                return int(ledger._db.execute("PRAGMA data_version").fetchone()[0]), ledger._writes
+
+        assert old() == ledger.cache_version()
+        o, w = pair_us(old, ledger.cache_version, n)
+        print(f"cache_version     old {o:8.2f} us   new {w:8.2f} us   {100 * (w - o) / o:+.0f} %")
+        ledger.close()
+
+
+def bench_digest(n: int) -> None:
+    cached = CachingLedger(None, lambda: 1)
+    key = "mwk_0123456789abcdef." + "s" * 43  # the shape of a real key (`new_key_secret`)
+
+    def old() -> bytes:
+        return hmac.new(cached._secret, key.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+    assert old() == cached._digest(key)
+    o, w = pair_us(old, lambda: cached._digest(key), n)
+    print(f"_digest           old {o:8.2f} us   new {w:8.2f} us   {100 * (w - o) / o:+.0f} %")
 
 
 def main() -> None:
@@ -59,6 +97,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     args = ap.parse_args()
     bench_get_rows(args.n)
+    bench_cache_version(args.n)
+    bench_digest(args.n)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ while all of these hold; otherwise every cache is dropped and the ledger is aske
   count of write transactions; the PostgreSQL ledger's is the count of notifications received on its
   ``LISTEN`` channel (every write that changes keys, collections or agents sends one in its
   transaction), and ``None`` while that channel is down — then nothing is cached at all;
+  The token is read at every lookup (on SQLite one ``PRAGMA``, a few microseconds), never from a
+  remembered value: a change committed just before a request must fail that request;
 - the entry is younger than `ttl_s` seconds (a backstop for changes made around memwarden);
 - no write went through this wrapper since (every method not in `READ_ONLY` drops the caches).
 
@@ -27,7 +29,6 @@ so the revocation is still seen by the very next request, without a round trip o
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import threading
@@ -118,7 +119,9 @@ class CachingLedger:
         return principal
 
     def _digest(self, plaintext: str) -> bytes:
-        return hmac.new(self._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        """HMAC-SHA256 of `plaintext` (UTF-8, surrogates passed) under this process's random key: 32 bytes,
+        the index of the key caches. One-shot (`hmac.digest`, OpenSSL), the same bytes as ``hmac.new``."""
+        return hmac.digest(self._secret, plaintext.encode("utf-8", "surrogatepass"), "sha256")
 
     async def authenticate_async(self, plaintext: str) -> Principal | None:
         """The ledger's `authenticate_async` (read now, never from memory); a valid key's principal is kept

@@ -243,6 +243,8 @@ class SQLiteLedger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=30000")
+        self._version_cursor = self._db.cursor()  # `cache_version`, run on every cached lookup: a plain tuple
+        self._version_cursor.row_factory = None
         self.migrate()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -276,7 +278,7 @@ class SQLiteLedger:
         (changed by every commit of another connection to this file, from any process) and the number of
         write transactions committed through this one."""
         with self._lock:
-            return int(self._db.execute("PRAGMA data_version").fetchone()[0]), self._writes
+            return int(self._version_cursor.execute("PRAGMA data_version").fetchone()[0]), self._writes
 
     def ping(self) -> bool:
         with self._lock:

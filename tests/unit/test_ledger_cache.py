@@ -5,8 +5,14 @@ never cached on PostgreSQL."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import sqlite3
 import time
 from pathlib import Path
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from sidecar.ledger import CollectionRecord, SQLiteLedger, now_us
 from sidecar.ledger.cache import CachingLedger
@@ -115,6 +121,38 @@ def test_postgres_notifications_drop_the_caches_and_keys_are_never_cached(pg_url
         assert cached.get_collection("chroma", "c2") is not None and cached.get_collection("chroma", "c2") is not None
         assert cached.misses == misses  # neither counted as a cache lookup: both went to PostgreSQL
         assert cached.hits == 1
+    finally:
+        raw.close()
+        other.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=())))  # surrogates included
+@example("")
+@example("mwk_0123456789abcdef.s3cr3t")
+@example("\ud800x\udfff")
+@example("é\u2028🔑")
+def test_digest_is_hmac_sha256_of_the_key(plaintext: str) -> None:
+    """`CachingLedger._digest` (one-shot `hmac.digest`) gives the bytes ``hmac.new(...).digest()`` gave."""
+    cached = CachingLedger(None, lambda: 1)
+    expected = hmac.new(cached._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+    assert cached._digest(plaintext) == expected and len(expected) == 32
+
+
+def test_sqlite_cache_version_is_data_version_and_write_count(tmp_path: Path) -> None:
+    """`cache_version` on its own cursor reads what ``PRAGMA data_version`` on the connection reads, moves on
+    another connection's commit and on this one's writes, and leaves the connection's named rows alone."""
+    raw = SQLiteLedger(tmp_path / "l.db")
+    other = SQLiteLedger(tmp_path / "l.db")
+    try:
+        v0 = raw.cache_version()
+        assert v0 == (raw._db.execute("PRAGMA data_version").fetchone()["data_version"], raw._writes)
+        other.create_key("agent", "t", "red", "a", 1)
+        v1 = raw.cache_version()
+        assert v1[0] != v0[0] and v1[1] == v0[1] and raw.cache_version() == v1
+        raw.create_key("agent", "t", "red", "b", 1)
+        assert raw.cache_version() == (v1[0], v1[1] + 1)
+        assert isinstance(raw._db.execute("SELECT 1 AS one").fetchone(), sqlite3.Row)
     finally:
         raw.close()
         other.close()
