@@ -845,33 +845,48 @@ class ChromaProfile:
         skipped = 0
         backend_offset = 0
         included = None
-        while backend_offset < self.settings.max_scan_rows:
-            req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
-                                   "limit": page, "offset": backend_offset}
-            if include is not None:
-                req["include"] = include
-            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
-            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
-                raise UpstreamError("unexpected backend answer")
-            included = resp.get("included", included)
-            fetched = len(resp["ids"])
-            batch = self._rows(ex, resp, fetched)
-            batch_ids = [r["ids"] for r in batch]
-            async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
-                allowed = keep(batch_ids)
-            for row in batch:
-                if row["ids"] not in allowed:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                kept.append(row)
-                if limit is not None and len(kept) >= limit:
-                    return kept, included
-            if fetched < page:
-                break
-            backend_offset += page
-        return kept, included
+        # Ids named by the client: their ledger rows are read while Chroma answers (`start_prefetch`).
+        early = self.authz.start_prefetch(ex, BACKEND, rec.collection_id, ids) if ids and len(ids) <= page else None
+        try:
+            while backend_offset < self.settings.max_scan_rows:
+                req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
+                                       "limit": page, "offset": backend_offset}
+                if include is not None:
+                    req["include"] = include
+                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
+                if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+                    raise UpstreamError("unexpected backend answer")
+                included = resp.get("included", included)
+                fetched = len(resp["ids"])
+                batch = self._rows(ex, resp, fetched)
+                batch_ids = [r["ids"] for r in batch]
+                if early is not None:  # the rows of every id asked (a superset of the batch), read by now
+                    task, early = early, None
+                    try:
+                        await task
+                        allowed = keep(batch_ids)
+                    finally:
+                        self.authz.release(ex, BACKEND, rec.collection_id)
+                else:
+                    async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
+                        allowed = keep(batch_ids)
+                for row in batch:
+                    if row["ids"] not in allowed:
+                        continue
+                    if skipped < offset:
+                        skipped += 1
+                        continue
+                    kept.append(row)
+                    if limit is not None and len(kept) >= limit:
+                        return kept, included
+                if fetched < page:
+                    break
+                backend_offset += page
+            return kept, included
+        finally:
+            if early is not None:  # the read failed (or ended) before deciding: nothing of the early read is used
+                await self.authz.abandon(early)
+                self.authz.release(ex, BACKEND, rec.collection_id)
 
     @staticmethod
     def _rows_to_columns(rows: list[dict[str, Any]], template: list[str], included: Any) -> dict[str, Any]:
