@@ -8,6 +8,8 @@ script that prints figures, not a test):
   `_row_from_db`, JSON parsed for every column).
 - ``cache_version``: `SQLiteLedger.cache_version` (``PRAGMA data_version`` on a cursor of its own, plain
   tuples) against the former read through the connection's ``sqlite3.Row`` factory.
+- ``record``: `decisionlog.record` of a query's decision (10 rows) on the file sink through the direct
+  writer against structlog's bound logger over the same processors and sink (the former path).
 - ``_digest``: `CachingLedger._digest` (one-shot ``hmac.digest``) against ``hmac.new(...).digest()``.
 
 Prints microseconds per call per case, old and new (best of 9 alternating rounds of `--n` calls).
@@ -92,6 +94,29 @@ def bench_digest(n: int) -> None:
     print(f"_digest           old {o:8.2f} us   new {w:8.2f} us   {100 * (w - o) / o:+.0f} %")
 
 
+def bench_record(n: int) -> None:
+    import structlog
+
+    from sidecar import decisionlog, logsinks
+    from sidecar.exchange import Exchange
+    from sidecar.governance import Principal
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = logsinks.logger_factory("file", Path(tmp) / "d.jsonl")("memwarden.decision")
+        chain = decisionlog.processors()
+        bound = structlog.wrap_logger(sink, processors=chain, wrapper_class=structlog.make_filtering_bound_logger(20))
+        ex = Exchange("POST", "/q", principal=Principal(kind="agent", key_id="k", tenant="t", fleet="f", agent="a"),
+                      key_id="k", operation="query", action="read", decision="allow", policies={"p1", "p2"},
+                      rows_allowed=10, row_ids=[f"row-{i}" for i in range(10)])
+
+        def old() -> None:
+            bound.info("decision", **decisionlog.fields(ex, 200, "ab" * 32))
+
+        decisionlog._write = decisionlog.writer(chain, sink)
+        o, w = pair_us(old, lambda: decisionlog.record(ex, 200, policy_sha256="ab" * 32), n)
+        print(f"record (file)     old {o:8.2f} us   new {w:8.2f} us   {100 * (w - o) / o:+.0f} %")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20000)
@@ -99,6 +124,7 @@ def main() -> None:
     bench_get_rows(args.n)
     bench_cache_version(args.n)
     bench_digest(args.n)
+    bench_record(args.n // 4)
 
 
 if __name__ == "__main__":

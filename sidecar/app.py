@@ -102,6 +102,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         tasks = _start_policy_reload(services)
         if settings.reconcile_interval_s > 0:
             tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
+        if settings.ledger_analyze_interval_s > 0 and hasattr(services.ledger, "refresh_statistics"):
+            tasks.append(asyncio.create_task(_refresh_statistics_forever(services, settings.ledger_analyze_interval_s)))
         yield
         for task in tasks:
             task.cancel()
@@ -243,6 +245,21 @@ def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:
     if services.settings.policy_watch_interval_s > 0:
         tasks.append(loop.create_task(services.policy.watch(services.settings.policy_watch_interval_s)))
     return tasks
+
+
+async def _refresh_statistics_forever(services: "Services", interval_s: float) -> None:
+    """At start-up and every `interval_s`: ANALYZE the PostgreSQL ledger's tables whose planner statistics are
+    missing or stale (`PostgresLedger.refresh_statistics`), in a worker thread. A failure is logged and
+    retried at the next interval; requests never wait for it."""
+    log = structlog.get_logger("memwarden.ledger")
+    while True:
+        try:
+            analyzed = await offloop.call(services.ledger, services.ledger.refresh_statistics)
+            if analyzed:
+                log.info("ledger_statistics_refreshed", tables=analyzed)
+        except Exception as exc:  # ledger down, or not the tables' owner: plans stay as they are
+            log.warning("ledger_statistics_refresh_failed", error=type(exc).__name__)
+        await asyncio.sleep(interval_s)
 
 
 async def _reconcile_forever(services: "Services", interval_s: float) -> None:

@@ -101,6 +101,10 @@ class Settings(BaseSettings):
         "the row has no document — mem0's Memory keeps it in 'data' — compared for the forgotten-content rule and "
         "deletion closure as a document is; '' = documents only")
     reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
+    ledger_analyze_interval_s: float = Field(
+        default=60.0, ge=0,
+        description="PostgreSQL ledger: seconds between checks for tables with missing or stale planner statistics, "
+        "which are then ANALYZEd (autovacuum's rule; also at start-up); 0 = never (leave it to autovacuum)")
     failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
     query_plan: Literal["auto", "pushdown", "postfilter-first"] = Field(
         default="auto",

@@ -1,4 +1,5 @@
-"""Stage 8 — record: one structured JSON decision-log event per request (structlog).
+"""Stage 8 — record: one structured JSON decision-log event per request (structlog's processors; the
+decision event itself is written by `writer`, without the bound logger).
 
 Fields (event ``decision``):
 
@@ -41,7 +42,7 @@ from sidecar import logsinks
 from sidecar.exchange import Exchange
 
 _configured = False
-_decision_logger: Any = None  # bound once structlog is configured (configure is once per process)
+_write: Callable[[dict[str, Any]], None] | None = None  # the decision event's writer, set by `configure`
 
 
 def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> str:
@@ -54,58 +55,94 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> st
         return json.dumps(obj, default=default)
 
 
+def processors(mask: tuple[str, ...] = (), stamper: Any = None) -> list[Any]:
+    """The processor chain of every log event: level, ISO-8601 UTC timestamp (`stamper`: structlog's
+    ``TimeStamper(fmt="iso", utc=True)`` unless given), `mask`ed fields, JSON (`dumps`)."""
+    return [
+        structlog.processors.add_log_level,
+        stamper or structlog.processors.TimeStamper(fmt="iso", utc=True),
+        *([logsinks.MaskFields(mask)] if mask else []),
+        structlog.processors.JSONRenderer(serializer=dumps),
+    ]
+
+
+def writer(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None]:
+    """A function writing one decision event (its fields, in order) to `sink` (a logger of
+    `logsinks.logger_factory`) through `chain` (`processors`), as structlog's bound logger would for
+    ``info("decision", **fields)`` — the same event dict (the fields, then ``event``), the same processors
+    called the same way, the same sink method — without the bound logger's keyword repacking and copies."""
+    def write(fields: dict[str, Any]) -> None:
+        fields["event"] = "decision"
+        event: Any = fields
+        for proc in chain:
+            event = proc(sink, "info", event)
+        sink.info(event)
+    return write
+
+
 def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
               max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = ()) -> None:
-    """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields."""
-    global _configured, _decision_logger
+    """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields.
+    Decision events (level info) are written through the same processors to the same sink by `writer`, or
+    not at all when `level` is above info."""
+    global _configured, _write
     if _configured:
         return
+    chain = processors(mask)
+    min_level = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    factory = logsinks.logger_factory(sink, path, max_bytes, backups)
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            *([logsinks.MaskFields(mask)] if mask else []),
-            structlog.processors.JSONRenderer(serializer=dumps),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping().get(level.upper(), logging.INFO)),
-        logger_factory=logsinks.logger_factory(sink, path, max_bytes, backups),
+        processors=chain,
+        wrapper_class=structlog.make_filtering_bound_logger(min_level),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
     _configured = True
-    # One proxy for every decision event: it binds on first use and keeps the bound logger (structlog's
-    # cache_logger_on_first_use), where a get_logger per event bound a new one each time.
-    _decision_logger = structlog.get_logger("memwarden.decision")
+    # The decision event, once per request, skips structlog's bound logger (whose filter would drop it
+    # below `min_level`); every other event goes through structlog.
+    _write = writer(chain, factory("memwarden.decision")) if logging.INFO >= min_level else (lambda fields: None)
+
+
+def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: str = "enforce") -> dict[str, Any]:
+    """The decision event's fields for a finished exchange, in log order (module docstring)."""
+    out = {
+        "request_id": ex.request_id,
+        "principal": ex.principal.describe() if ex.principal else None,
+        "key_id": ex.key_id,
+        "method": ex.method,
+        "operation": ex.operation,
+        "action": ex.action,
+        "resource": ex.resource,
+        "decision": ex.decision,
+        "reason": ex.reason,
+        "status": status,
+        "mode": mode,
+        "policy_sha256": policy_sha256,
+        "policies": sorted(ex.policies),
+        "deny_policies": sorted(ex.deny_policies) or None,
+        "evaluation_errors": ex.evaluation_errors or None,
+        "rows_allowed": ex.rows_allowed,
+        "rows_denied": ex.rows_denied,
+        "rows_hidden_superseded": ex.rows_hidden_superseded,
+        "rows_hidden_deleted": ex.rows_hidden_deleted,
+        "rows_unknown": ex.rows_unknown,
+        "row_deny_reasons": ex.row_deny_reasons or None,
+        "row_ids": ex.row_ids[:20],
+    }
+    if mode == "shadow":
+        out["would_deny"] = ex.would_deny
+        out["would_deny_reasons"] = ex.would_deny_reasons or None
+        out["would_deny_row_ids"] = ex.would_deny_row_ids or None
+    out["latency_us"] = ex.elapsed_us()
+    out["stripped_headers"] = ex.stripped_headers or None
+    return out
 
 
 def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
-    """Emit the decision event for a finished exchange (fields: module docstring)."""
-    shadow = {"would_deny": ex.would_deny, "would_deny_reasons": ex.would_deny_reasons or None,
-              "would_deny_row_ids": ex.would_deny_row_ids or None} if mode == "shadow" else {}
-    (_decision_logger or structlog.get_logger("memwarden.decision")).info(
-        "decision",
-        request_id=ex.request_id,
-        principal=ex.principal.describe() if ex.principal else None,
-        key_id=ex.key_id,
-        method=ex.method,
-        operation=ex.operation,
-        action=ex.action,
-        resource=ex.resource,
-        decision=ex.decision,
-        reason=ex.reason,
-        status=status,
-        mode=mode,
-        policy_sha256=policy_sha256,
-        policies=sorted(ex.policies),
-        deny_policies=sorted(ex.deny_policies) or None,
-        evaluation_errors=ex.evaluation_errors or None,
-        rows_allowed=ex.rows_allowed,
-        rows_denied=ex.rows_denied,
-        rows_hidden_superseded=ex.rows_hidden_superseded,
-        rows_hidden_deleted=ex.rows_hidden_deleted,
-        rows_unknown=ex.rows_unknown,
-        row_deny_reasons=ex.row_deny_reasons or None,
-        row_ids=ex.row_ids[:20],
-        **shadow,
-        latency_us=ex.elapsed_us(),
-        stripped_headers=ex.stripped_headers or None,
-    )
+    """Emit the decision event for a finished exchange (fields: module docstring): through `writer` once
+    `configure` ran, else through structlog's default configuration."""
+    event = fields(ex, status, policy_sha256, mode)
+    if _write is not None:
+        _write(event)
+    else:
+        structlog.get_logger("memwarden.decision").info("decision", **event)

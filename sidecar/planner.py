@@ -14,7 +14,7 @@ Two plans give the same answer (the first k readable rows in the backend's rank 
 filter admits: the ledger's counts of rows per (scope, fleet, owner, readers, status)
 (`Ledger.visibility_counts`, refreshed every `ttl_s` seconds), replaced by what the last over-fetches
 of this caller on this collection observed (readable / decided, an exponential average) once there
-are some. It over-fetches with the smallest `n` in [k·factor, 4·k·factor] for which
+are some. It over-fetches with the smallest `n` in [k, 4·k·factor] for which
 ``s·n − 2·sqrt(n·s·(1 − s)) ≥ k`` (at least k readable rows, two standard deviations below the
 binomial mean), and uses the pushdown plan when no such `n` exists or nothing is known yet. A
 failed over-fetch counts as an observation, so a caller whose nearby rows are unreadable drifts to
@@ -61,10 +61,12 @@ def admitted_share(p: Principal, counts: Counts, wide: bool = False) -> float | 
 
 
 def overfetch_size(share: float, k: int, factor: int, cap: int) -> int | None:
-    """The smallest candidate count in [k·factor, 4·k·factor] (≤ `cap`) expected to hold k readable
-    rows at readable share `share` (two standard deviations below the binomial mean); None if none does."""
-    low = max(k * factor, 1)
-    for n in range(low, min(4 * low, cap) + 1, max(1, low // 4)):
+    """The smallest candidate count in [k, 4·k·factor] (≤ `cap`; steps of k/4) expected to hold k
+    readable rows at readable share `share` (two standard deviations below the binomial mean); None if
+    none does. At share 1 it is k itself: every fetched row beyond k costs the backend work (Chroma reads
+    each candidate's document and metadata; measured here +0.7 ms p50 for n_results 20 instead of 10)."""
+    low = max(k, 1)
+    for n in range(low, min(4 * low * max(factor, 1), cap) + 1, max(1, low // 4)):
         if share * n - 2 * math.sqrt(n * share * (1 - share)) >= k:
             return n
     return None

@@ -23,8 +23,9 @@ Governance on top of Chroma:
 
 from __future__ import annotations
 
+import functools
 import secrets
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import structlog
 
@@ -42,6 +43,7 @@ from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
+_R = TypeVar("_R")
 # Collection metadata key carrying the nonce of the create that made the collection (`CollectionIntent`).
 INTENT_KEY = "mw_create_intent"
 DEPLOYMENT = "chroma"  # Deployment::"chroma": the Chroma server behind this sidecar
@@ -309,6 +311,13 @@ class ChromaProfile:
         return result
 
     # -- helpers ------------------------------------------------------------------------------
+    async def _off(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        """``fn(*args, **kwargs)`` — synchronous code that reads or writes the ledger (and may decide with
+        Cedar) — in a worker thread on a PostgreSQL ledger, inline on SQLite (`offloop.call`), so no ledger
+        round trip blocks the event loop. Raises what `fn` raises; a ledger that cannot answer is
+        `LedgerUnavailable` (503)."""
+        return await offloop.call(self.ledger, functools.partial(fn, *args, **kwargs))
+
     def _p(self, ex: Exchange) -> Principal:
         assert ex.principal is not None
         return ex.principal
@@ -637,7 +646,8 @@ class ChromaProfile:
     async def _write(self, ex: Exchange, params: dict[str, str], op: str) -> tuple[int, Any]:
         """add / upsert / update: authorise every row, reserve new ids, stamp, forward, then commit."""
         p = self._p(ex)
-        rec = self._require_collection(ex, params, "list")
+        # The collection lookup too: it misses the cache while an invalidation is being read (PostgreSQL).
+        rec = await self._off(self._require_collection, ex, params, "list")
         body = _obj(ex.body)
         ids = _ids(body.get("ids"), required=True, limit=self.settings.max_ids)
         assert ids is not None
@@ -658,17 +668,22 @@ class ChromaProfile:
         documents = body.get("documents") or [None] * len(ids)
         # A row's content: its document, else the metadata key its client keeps the text in (mem0's Memory: `data`).
         texts = [row_text(documents[i], split[i][0], self.content_keys) for i in range(len(ids))]
+        # Each synchronous step below that reads or writes the ledger (Cedar decisions read owners) runs
+        # through `_off` — a worker thread on PostgreSQL — one after the other, in the order and with the
+        # errors it had on the event loop.
         if op != "update":
-            # The write decision first, on every id as a new row: a principal that may not write learns
-            # nothing from what follows (which ids exist, which parent, fact or content is known).
-            as_new = [self._new_row(ex, rec, row_id, split[i][1], texts[i]) for i, row_id in enumerate(ids)]
-            decisions = self.authz.decide_rows(ex, "write", as_new)
-            denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
-            if denied:
-                ex.decision, ex.action, ex.row_ids = "deny", "write", denied
-                raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
+            def decide_write() -> None:
+                # The write decision first, on every id as a new row: a principal that may not write learns
+                # nothing from what follows (which ids exist, which parent, fact or content is known).
+                as_new = [self._new_row(ex, rec, row_id, split[i][1], texts[i]) for i, row_id in enumerate(ids)]
+                decisions = self.authz.decide_rows(ex, "write", as_new)
+                denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
+                if denied:
+                    ex.decision, ex.action, ex.row_ids = "deny", "write", denied
+                    raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
+            await self._off(decide_write)
 
-        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, ids)  # off the loop (PostgreSQL)
+        known = await self._off(self.ledger.get_rows, BACKEND, rec.collection_id, ids)
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
@@ -683,56 +698,61 @@ class ChromaProfile:
             if isinstance(present, dict) and present.get("ids"):
                 raise Conflict("ids exist in the backend but are not governed by memwarden")
 
-        # Existing rows must be readable (else they do not exist for the caller), then updatable.
-        existing = [known[i] for i in ids if i in known]
-        visible = self.authz.readable(ex, BACKEND, rec.collection_id, [r.row_id for r in existing], include_superseded=True)
-        if len(visible) != len(existing):
-            ex.decision = "deny"
-            raise NotFound("record not found")
-        _refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
-        echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
-        if echoed:
-            views = self._views(ex, rec, [known[ids[i]] for i in echoed])
-            for i in echoed:
-                split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
+        def check_existing() -> None:
+            # Existing rows must be readable (else they do not exist for the caller), then updatable.
+            existing = [known[i] for i in ids if i in known]
+            visible = self.authz.readable(ex, BACKEND, rec.collection_id, [r.row_id for r in existing], include_superseded=True)
+            if len(visible) != len(existing):
+                ex.decision = "deny"
+                raise NotFound("record not found")
+            _refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
+            echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
+            if echoed:
+                views = self._views(ex, rec, [known[ids[i]] for i in echoed])
+                for i in echoed:
+                    split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
+        await self._off(check_existing)
         await self._stored_documents(rec, ids, known, documents, texts)
-        checks: list[tuple[str, Row, dict[str, Any] | None]] = []
-        final: dict[str, Row] = {}
-        changed: list[Row] = []
-        for i, row_id in enumerate(ids):
-            requested = split[i][1]
-            if row_id in known:
-                if any(k in requested for k in WRITE_ONCE):
-                    raise BadRequest(FIXED_ONCE_WRITTEN)
-                row = known[row_id]
-                checks.append(("update", row, None))
-                moved = self._redistributed(p, row, requested)
-                new_text = texts[i] is not None
-                if moved is not None or new_text:
-                    updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
-                    if moved is not None:
-                        checks.append(("redistribute", row, moved[1]))
-                    if new_text:
-                        self.prov.set_content(updated, texts[i])
-                    final[row_id] = updated
-                    changed.append(updated)
+        def decide_changes() -> tuple[dict[str, Row], list[Row]]:
+            checks: list[tuple[str, Row, dict[str, Any] | None]] = []
+            final: dict[str, Row] = {}
+            changed: list[Row] = []
+            for i, row_id in enumerate(ids):
+                requested = split[i][1]
+                if row_id in known:
+                    if any(k in requested for k in WRITE_ONCE):
+                        raise BadRequest(FIXED_ONCE_WRITTEN)
+                    row = known[row_id]
+                    checks.append(("update", row, None))
+                    moved = self._redistributed(p, row, requested)
+                    new_text = texts[i] is not None
+                    if moved is not None or new_text:
+                        updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
+                        if moved is not None:
+                            checks.append(("redistribute", row, moved[1]))
+                        if new_text:
+                            self.prov.set_content(updated, texts[i])
+                        final[row_id] = updated
+                        changed.append(updated)
+                    else:
+                        final[row_id] = row
                 else:
+                    row = self._new_row(ex, rec, row_id, requested, texts[i])
                     final[row_id] = row
-            else:
-                row = self._new_row(ex, rec, row_id, requested, texts[i])
-                final[row_id] = row
-        for action in ("update", "redistribute"):  # "write" of the new rows was decided above
-            batch = [(row, ctx) for a, row, ctx in checks if a == action]
-            if not batch:
-                continue
-            ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
-            decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
-            denied = [r.row_id for (r, _), d in zip(batch, decisions) if not d.allowed]
-            if denied:
-                ex.decision, ex.action, ex.row_ids = "deny", action, denied
-                raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
-        self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
-        self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
+            for action in ("update", "redistribute"):  # "write" of the new rows was decided above
+                batch = [(row, ctx) for a, row, ctx in checks if a == action]
+                if not batch:
+                    continue
+                ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
+                decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
+                denied = [r.row_id for (r, _), d in zip(batch, decisions) if not d.allowed]
+                if denied:
+                    ex.decision, ex.action, ex.row_ids = "deny", action, denied
+                    raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
+            self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
+            self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
+            return final, changed
+        final, changed = await self._off(decide_changes)
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)
@@ -743,23 +763,27 @@ class ChromaProfile:
                 for i in range(len(ids))
             ]
         new_rows = [final[i] for i in new_ids]
-        conflicts = await offloop.call(self.ledger, self.ledger.reserve_rows, new_rows)  # off the loop (PostgreSQL)
+        conflicts = await self._off(self.ledger.reserve_rows, new_rows)
         if conflicts:
             raise Conflict("ids already exist")
         try:
             # Checked with the new rows pending (their lineage edges recorded): a concurrent delete either
             # came first and is seen here, or its deletion closure finds them and they never activate.
-            self.prov.check_parents(ex, new_rows)
-            self.prov.check_supersession(ex, new_rows)
-            self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
+            def check_pending() -> None:
+                self.prov.check_parents(ex, new_rows)
+                self.prov.check_supersession(ex, new_rows)
+                self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
+            await self._off(check_pending)
             await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
         except BaseException:
-            self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
+            # Submitted to its thread before anything else can run: the reservations are freed whatever
+            # happens to this task from here on.
+            await self._off(self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
             raise
         if "activate" in self.settings.failpoints:
             _crash()
         try:
-            self.prov.activate(ex, rec.collection_id, new_rows)
+            await self._off(self.prov.activate, ex, rec.collection_id, new_rows)
         except (Forbidden, Conflict):
             # Another write replaced a fact in the meantime and this caller may not update the new one.
             # The new rows were never served (still pending): take them back out of Chroma, free their ids.
@@ -767,12 +791,14 @@ class ChromaProfile:
                 if new_ids:
                     await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": new_ids})
             finally:
-                self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
-                if changed:  # updates of existing rows in this request did reach Chroma
-                    self.ledger.update_governance(changed)
+                def withdraw() -> None:
+                    self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
+                    if changed:  # updates of existing rows in this request did reach Chroma
+                        self.ledger.update_governance(changed)
+                await self._off(withdraw)
             raise
         if changed:
-            await offloop.call(self.ledger, self.ledger.update_governance, changed)  # off the loop (PostgreSQL)
+            await self._off(self.ledger.update_governance, changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 
@@ -845,33 +871,48 @@ class ChromaProfile:
         skipped = 0
         backend_offset = 0
         included = None
-        while backend_offset < self.settings.max_scan_rows:
-            req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
-                                   "limit": page, "offset": backend_offset}
-            if include is not None:
-                req["include"] = include
-            resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
-            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
-                raise UpstreamError("unexpected backend answer")
-            included = resp.get("included", included)
-            fetched = len(resp["ids"])
-            batch = self._rows(ex, resp, fetched)
-            batch_ids = [r["ids"] for r in batch]
-            async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
-                allowed = keep(batch_ids)
-            for row in batch:
-                if row["ids"] not in allowed:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                kept.append(row)
-                if limit is not None and len(kept) >= limit:
-                    return kept, included
-            if fetched < page:
-                break
-            backend_offset += page
-        return kept, included
+        # Ids named by the client: their ledger rows are read while Chroma answers (`start_prefetch`).
+        early = self.authz.start_prefetch(ex, BACKEND, rec.collection_id, ids) if ids and len(ids) <= page else None
+        try:
+            while backend_offset < self.settings.max_scan_rows:
+                req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
+                                       "limit": page, "offset": backend_offset}
+                if include is not None:
+                    req["include"] = include
+                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
+                if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+                    raise UpstreamError("unexpected backend answer")
+                included = resp.get("included", included)
+                fetched = len(resp["ids"])
+                batch = self._rows(ex, resp, fetched)
+                batch_ids = [r["ids"] for r in batch]
+                if early is not None:  # the rows of every id asked (a superset of the batch), read by now
+                    task, early = early, None
+                    try:
+                        await task
+                        allowed = keep(batch_ids)
+                    finally:
+                        self.authz.release(ex, BACKEND, rec.collection_id)
+                else:
+                    async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
+                        allowed = keep(batch_ids)
+                for row in batch:
+                    if row["ids"] not in allowed:
+                        continue
+                    if skipped < offset:
+                        skipped += 1
+                        continue
+                    kept.append(row)
+                    if limit is not None and len(kept) >= limit:
+                        return kept, included
+                if fetched < page:
+                    break
+                backend_offset += page
+            return kept, included
+        finally:
+            if early is not None:  # the read failed (or ended) before deciding: nothing of the early read is used
+                await self.authz.abandon(early)
+                self.authz.release(ex, BACKEND, rec.collection_id)
 
     @staticmethod
     def _rows_to_columns(rows: list[dict[str, Any]], template: list[str], included: Any) -> dict[str, Any]:
@@ -1020,7 +1061,7 @@ class ChromaProfile:
 
     # -- deletes ----------------------------------------------------------------------------
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        rec = self._collection(ex, params)
+        rec = await self._off(self._collection, ex, params)
         body = _obj(ex.body)
         self._check_filters(body)
         ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
@@ -1039,9 +1080,9 @@ class ChromaProfile:
                 include=[], offset=0, limit=None, keep=lambda batch: set(batch),
             )
             candidate_ids = [r["ids"] for r in candidates]
-        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)  # off the loop
+        known = await self._off(self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
-        decisions = self.authz.decide_rows(ex, "delete", rows)
+        decisions = await self._off(self.authz.decide_rows, ex, "delete", rows)
         allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
         if limit is not None:
             allowed = allowed[:limit]
@@ -1053,7 +1094,8 @@ class ChromaProfile:
         # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
         # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
         by_id = {r.row_id: r for r in rows}
-        closed = self.prov.tombstone(ex, rec.collection_id, [by_id[a] for a in allowed], self.settings.deletion_closure)
+        closed = await self._off(self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
+                                 self.settings.deletion_closure)
         if "after-tombstone" in self.settings.failpoints:
             _crash()
         await self._backend_delete(closed)
@@ -1066,10 +1108,10 @@ class ChromaProfile:
             by_collection.setdefault(collection_id, []).append(row_id)
         done = 0
         for collection_id, row_ids in by_collection.items():
-            rec = self.ledger.get_collection(BACKEND, collection_id)
+            rec = await self._off(self.ledger.get_collection, BACKEND, collection_id)
             if rec is not None:
                 await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
-            self.ledger.mark_backend_deleted(BACKEND, collection_id, row_ids)
+            await self._off(self.ledger.mark_backend_deleted, BACKEND, collection_id, row_ids)
             done += len(row_ids)
         return done
 
@@ -1078,10 +1120,10 @@ class ChromaProfile:
         reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
-        done = await self._backend_delete(self.ledger.pending_tombstones(BACKEND))
+        done = await self._backend_delete(await self._off(self.ledger.pending_tombstones, BACKEND))
         after = ("", "")
         while True:
-            batch = self.ledger.backend_deleted_tombstones(BACKEND, after)
+            batch = await self._off(self.ledger.backend_deleted_tombstones, BACKEND, after)
             if not batch:
                 return done
             after = batch[-1]
@@ -1089,7 +1131,7 @@ class ChromaProfile:
             for collection_id, row_id in batch:
                 by_collection.setdefault(collection_id, []).append(row_id)
             for collection_id, row_ids in by_collection.items():
-                rec = self.ledger.get_collection(BACKEND, collection_id)
+                rec = await self._off(self.ledger.get_collection, BACKEND, collection_id)
                 if rec is None:
                     continue
                 present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},

@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Iterable
+import functools
+from typing import Any, Callable, Iterable, TypeVar
 
 import structlog
 
@@ -50,12 +51,14 @@ from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden,
                             UpstreamError)
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref
-from sidecar.ledger import Ledger
+from sidecar.ledger import Ledger, offloop
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
+
+T = TypeVar("T")
 
 BACKEND = "mem0"
 REAPPEARANCE_CHECKS_PER_RUN = 200
@@ -197,6 +200,13 @@ class Mem0Profile:
         return await getattr(self, f"op_{route.op}")(ex, route.params)  # type: ignore[no-any-return]
 
     # -- helpers ------------------------------------------------------------------------------
+    async def _off(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` — synchronous code that reads or writes the ledger (and may decide with
+        Cedar) — in a worker thread on a PostgreSQL ledger, inline on SQLite (`offloop.call`), so no ledger
+        round trip blocks the event loop. Raises what `fn` raises; a ledger that cannot answer is
+        `LedgerUnavailable` (503)."""
+        return await offloop.call(self.ledger, functools.partial(fn, *args, **kwargs))
+
     @staticmethod
     def _p(ex: Exchange) -> Principal:
         assert ex.principal is not None
@@ -283,10 +293,10 @@ class Mem0Profile:
         out.update(provenance_metadata(row))
         return out
 
-    def _decorate(self, ex: Exchange, rows: list[dict[str, Any]]) -> None:
+    async def _decorate(self, ex: Exchange, rows: list[dict[str, Any]]) -> None:
         """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned memories' metadata where the linked
-        memory is readable by the caller (`Provenance.links`)."""
-        self.prov.decorate(ex, self.coll, rows, id_key="id", meta_key="metadata")
+        memory is readable by the caller (`Provenance.links`; its ledger reads off the loop)."""
+        await self._off(self.prov.decorate, ex, self.coll, rows, id_key="id", meta_key="metadata")
 
     @staticmethod
     def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
@@ -334,22 +344,26 @@ class Mem0Profile:
                     raise BadRequest(f"{key} cannot be the wildcard '*'")
                 cedar_attrs[key] = value
         plain, requested = self._requested(p, body.get("metadata"))
-        # Every memory of this add gets the template's governance and provenance; its id and content
-        # HMAC come from Mem0's events.
-        template = self.prov.new_row(ex, self.coll, f"pending:{ex.request_id}", requested, None,
-                                     extra={"cedar": cedar_attrs} if cedar_attrs else {})
         # The text Mem0 stores with infer=false: each non-system message (infer=true: checked again on its events).
         texts = [m["content"] for m in messages if m.get("role") != "system" and isinstance(m.get("content"), str)]
-        ex.action = "write"
-        # The write decision comes first: a principal that may not write learns nothing from the
-        # provenance checks (which parent or fact exists, which content was deleted).
-        denied = self._decide_all(ex, "write", [template])
-        if denied:
-            ex.action, ex.decision = "write", "deny"
-            raise Forbidden("write is not permitted")
-        self.prov.check_parents(ex, [template])
-        self.prov.check_supersession(ex, [template])
-        self.prov.check_forgotten(ex, [self.prov.set_content(dataclasses.replace(template), t) for t in texts])
+
+        def decide() -> Row:
+            # Every memory of this add gets the template's governance and provenance; its id and content
+            # HMAC come from Mem0's events.
+            template = self.prov.new_row(ex, self.coll, f"pending:{ex.request_id}", requested, None,
+                                         extra={"cedar": cedar_attrs} if cedar_attrs else {})
+            ex.action = "write"
+            # The write decision comes first: a principal that may not write learns nothing from the
+            # provenance checks (which parent or fact exists, which content was deleted).
+            denied = self._decide_all(ex, "write", [template])
+            if denied:
+                ex.action, ex.decision = "write", "deny"
+                raise Forbidden("write is not permitted")
+            self.prov.check_parents(ex, [template])
+            self.prov.check_supersession(ex, [template])
+            self.prov.check_forgotten(ex, [self.prov.set_content(dataclasses.replace(template), t) for t in texts])
+            return template
+        template = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
         candidates: dict[str, Row] = {}
         if infer:
             candidates = await self._confine_infer(ex, p, cedar_attrs)
@@ -374,14 +388,17 @@ class Mem0Profile:
         if len(rows) >= LIST_LIMIT:
             raise BadRequest("infer=true cannot be confined: too many memories in scope; send infer=false")
         ids = [r["id"] for r in rows]
-        known = self._servable(ids)
-        if len(known) != len(set(ids)):
-            raise Conflict("infer=true cannot be confined: memories in scope are deleted or not governed; send infer=false")
-        batch = list(known.values())
-        if self._decide_all(ex, "update", batch) or self._decide_all(ex, "delete", batch):
-            ex.action, ex.decision = "update", "deny"
-            raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
-        return known
+
+        def confine() -> dict[str, Row]:
+            known = self._servable(ids)
+            if len(known) != len(set(ids)):
+                raise Conflict("infer=true cannot be confined: memories in scope are deleted or not governed; send infer=false")
+            batch = list(known.values())
+            if self._decide_all(ex, "update", batch) or self._decide_all(ex, "delete", batch):
+                ex.action, ex.decision = "update", "deny"
+                raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
+            return known
+        return await self._off(confine)
 
     def _with_text(self, row: Row, text: Any) -> Row:
         """`row` with `text` (an event's memory) as its content; no content when Mem0 sent no text."""
@@ -426,36 +443,40 @@ class Mem0Profile:
             else:
                 tomb.append(mid)  # Mem0 touched a row outside the confinement: never serve it again
         # infer=false texts were checked before forwarding; the LLM's own texts only now.
-        refused = {r.row_id for r in self.prov.forgotten(ex, added + updated)} if infer else set()
+        refused = {r.row_id for r in await self._off(self.prov.forgotten, ex, added + updated)} if infer else set()
         if refused:
             tomb += [r.row_id for r in added + updated if r.row_id in refused]
             added = [r for r in added if r.row_id not in refused]
             updated = [r for r in updated if r.row_id not in refused]
             out = [e for e in out if e["id"] not in refused]
         closed: list[tuple[str, str]] = []
+        # Every ledger call below runs off the event loop on PostgreSQL (`_off`), one after the other, in
+        # the order and with the errors of the synchronous code.
         if gone:
-            closed += self.prov.tombstone(ex, self.coll, gone, self.settings.deletion_closure)
+            closed += await self._off(self.prov.tombstone, ex, self.coll, gone, self.settings.deletion_closure)
         if tomb:
-            closed += self.ledger.tombstone(BACKEND, self.coll, tomb, p.uid[1], ex.request_id,
-                                            closure=self.settings.deletion_closure)
+            closed += await self._off(self.ledger.tombstone, BACKEND, self.coll, tomb, p.uid[1], ex.request_id,
+                                      closure=self.settings.deletion_closure)
         if deleted_in_mem0:
-            self.ledger.mark_backend_deleted(BACKEND, self.coll, deleted_in_mem0)
+            await self._off(self.ledger.mark_backend_deleted, BACKEND, self.coll, deleted_in_mem0)
         withdrawn: MemwardenError | None = None
         if added:
-            if self.ledger.reserve_rows(added):
+            if await self._off(self.ledger.reserve_rows, added):
                 raise UpstreamError("backend reused a memory id")
             # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now: what was
             # checked before the Mem0 call is checked again while they are pending — a parent deleted or
             # content forgotten meanwhile is seen here, and a later delete's closure finds the pending rows —
             # and a single-valued fact is superseded only if this caller may update the one active now.
-            try:
+            def settle() -> None:
                 self.prov.check_parents(ex, added)
                 if self.prov.forgotten(ex, added):
                     raise Conflict("this content was deleted and may not be written again")
                 self.prov.activate(ex, self.coll, added)
+            try:
+                await self._off(settle)
             except (Forbidden, Conflict) as exc:
                 withdrawn = exc
-            live = self.ledger.get_rows(BACKEND, self.coll, [r.row_id for r in added])
+            live = await self._off(self.ledger.get_rows, BACKEND, self.coll, [r.row_id for r in added])
             status = {r.row_id: live[r.row_id].status if r.row_id in live else "missing" for r in added}
             if withdrawn is None and any(v != "active" for v in status.values()):
                 # tombstoned by a concurrent deletion closure while pending (its deleter removes them from Mem0)
@@ -464,7 +485,7 @@ class Mem0Profile:
                 # Never served (never active): free the reservations and take the memories back out of Mem0.
                 # A memory Mem0 will not delete now is tombstoned instead, for the reconciler.
                 pending = [mid for mid, v in status.items() if v == "pending"]
-                self.ledger.release_rows(BACKEND, self.coll, pending)
+                await self._off(self.ledger.release_rows, BACKEND, self.coll, pending)
                 stuck = []
                 for mid in pending:
                     try:
@@ -475,12 +496,12 @@ class Mem0Profile:
                     except MemwardenError:
                         stuck.append(mid)
                 if stuck:
-                    closed += self.ledger.tombstone(BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
-                                                    closure=self.settings.deletion_closure)
+                    closed += await self._off(self.ledger.tombstone, BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
+                                              closure=self.settings.deletion_closure)
                 out = [e for e in out if e["id"] not in status]
                 added = []
         if updated:
-            self.ledger.update_governance(updated)
+            await self._off(self.ledger.update_governance, updated)
         done = set(deleted_in_mem0)
         await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
         if withdrawn is not None:
@@ -503,24 +524,30 @@ class Mem0Profile:
         if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
             raise BadRequest("text must be a string")
         plain, requested = self._requested(p, body.get("metadata"))
-        row = self._readable_or_404(ex, mid, include_superseded=True)
-        if any(k in requested for k in WRITE_ONCE):
-            raise BadRequest(FIXED_ONCE_WRITTEN)
-        new = self._with_governance(row, requested)
         text = body.get("text")
-        if isinstance(text, str):
-            self.prov.set_content(new, text)
-            self.prov.check_forgotten(ex, [new])
-        if self._decide_all(ex, "update", [row]):
-            ex.action, ex.decision = "update", "deny"
-            raise Forbidden("update is not permitted")
-        moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
-        if moved:
-            ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
-            if self._decide_all(ex, "redistribute", [row], [ctx]):
-                ex.action, ex.decision = "redistribute", "deny"
-                raise Forbidden("redistribute is not permitted")
-            self.prov.check_move(ex, [(row, new)])
+
+        def decide() -> tuple[Row, bool]:
+            row = self._readable_or_404(ex, mid, include_superseded=True)
+            if any(k in requested for k in WRITE_ONCE):
+                raise BadRequest(FIXED_ONCE_WRITTEN)
+            new = self._with_governance(row, requested)
+            if isinstance(text, str):
+                self.prov.set_content(new, text)
+                self.prov.check_forgotten(ex, [new])
+            if self._decide_all(ex, "update", [row]):
+                ex.action, ex.decision = "update", "deny"
+                raise Forbidden("update is not permitted")
+            moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
+            if moved:
+                ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
+                if self._decide_all(ex, "redistribute", [row], [ctx]):
+                    ex.action, ex.decision = "redistribute", "deny"
+                    raise Forbidden("redistribute is not permitted")
+                self.prov.check_move(ex, [(row, new)])
+            return new, moved
+        # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
+        async with self.authz.prefetched(ex, BACKEND, self.coll, [mid]):
+            new, moved = await self._off(decide)
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         if "metadata" in body or moved:
@@ -531,7 +558,7 @@ class Mem0Profile:
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):
-            self.ledger.update_governance([new])
+            await self._off(self.ledger.update_governance, [new])
         return 200, result
 
     # -- reads ------------------------------------------------------------------------------
@@ -550,7 +577,7 @@ class Mem0Profile:
         if not isinstance(result, dict) or result.get("id") != mid or not well_formed_rows(
                 ex, BACKEND, [result], lambda r: r.get("id"), self.settings.max_json_depth + 1):
             raise UpstreamError("unexpected backend answer")
-        self._decorate(ex, [result])
+        await self._decorate(ex, [result])
         ex.row_ids = [mid]
         return 200, result
 
@@ -568,7 +595,7 @@ class Mem0Profile:
         # read, is redacted (null) — the same rule as the 409 on writes, so it is no oracle to others.
         texts = sorted({t for e in entries for t in (e.get("old_memory"), e.get("new_memory")) if isinstance(t, str)})
         as_rows = [self.prov.set_content(dataclasses.replace(row), t) for t in texts]
-        flagged = {id(r) for r in self.prov.forgotten(ex, as_rows)}
+        flagged = {id(r) for r in await self._off(self.prov.forgotten, ex, as_rows)}
         hidden = {t for t, r in zip(texts, as_rows) if id(r) in flagged}
         if hidden:
             for e in entries:
@@ -607,7 +634,7 @@ class Mem0Profile:
             # An adopted memory kept the agent_id Mem0 gave it (`memwarden adopt mem0`): an agent_id the tenant's
             # adopted memories are listed under names those memories too, as Mem0 itself would answer.
             raw = _ident(named, "agent_id")
-            adopted = ("agent_id", raw) in self.ledger.listing_keys(BACKEND, self.coll, p.tenant)
+            adopted = ("agent_id", raw) in await self._off(self.ledger.listing_keys, BACKEND, self.coll, p.tenant)
             try:
                 agents = [self._agent_ref(p, named)]
             except BadRequest:
@@ -618,9 +645,9 @@ class Mem0Profile:
                 lookups.append({**base, "agent_id": raw})
             agents = [a for a in agents if a.startswith(p.tenant + "/")]  # another tenant's agent: nothing of it
         else:
-            agents = self._tenant_agents(p)
+            agents = await self._off(self._tenant_agents, p)
             # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
-            for field, value in self.ledger.listing_keys(BACKEND, self.coll, p.tenant):
+            for field, value in await self._off(self.ledger.listing_keys, BACKEND, self.coll, p.tenant):
                 if base.get(field, value) == value:
                     lookups.append({**base, field: value})
         lookups = [{**base, "agent_id": a} for a in agents] + lookups
@@ -647,7 +674,7 @@ class Mem0Profile:
         async with self.authz.prefetched(ex, BACKEND, self.coll, ids):  # one ledger trip off the loop (PostgreSQL)
             allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of)
         kept = [r for r in rows if r["id"] in allowed][:top_k]
-        self._decorate(ex, kept)
+        await self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
         return 200, {"results": kept}
 
@@ -786,7 +813,7 @@ class Mem0Profile:
             raise BadRequest("query must be a non-empty string")
         k = _int(body.get("top_k"), "top_k", SEARCH_DEFAULT_TOP_K)
         include_superseded, as_of = history_view(ex.query)
-        compiled = self._compile(p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
+        compiled = await self._off(self._compile, p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
         if k == 0:
             return 200, {"results": []}
         req: dict[str, Any] = {"query": query, "filters": self._search_filters(p, compiled)}
@@ -809,7 +836,7 @@ class Mem0Profile:
                 break
             fetch = min(fetch * 2, self.settings.max_scan_rows)  # refill: Mem0 search has no offset
         kept = kept[:k]
-        self._decorate(ex, kept)
+        await self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
         return 200, {"results": kept}
 
@@ -828,7 +855,7 @@ class Mem0Profile:
                 done.append(mid)
         finally:
             if done:
-                self.ledger.mark_backend_deleted(BACKEND, self.coll, done)
+                await self._off(self.ledger.mark_backend_deleted, BACKEND, self.coll, done)
         return done
 
     async def _delete_rows(self, ex: Exchange, rows: list[Row]) -> int:
@@ -837,30 +864,37 @@ class Mem0Profile:
         len(rows)."""
         if not rows:
             return 0
-        closed = self.prov.tombstone(ex, self.coll, rows, self.settings.deletion_closure)
+        closed = await self._off(self.prov.tombstone, ex, self.coll, rows, self.settings.deletion_closure)
         # A copy in another Mem0 deployment sharing this ledger stays pending for that deployment's reconciler.
         await self._backend_delete([row_id for collection, row_id in closed if collection == self.coll])
         return len(rows)
 
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
-        row = self._servable([mid]).get(mid)
-        # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
-        # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
-        if row is None or self._decide_all(ex, "delete", [row]):
-            ex.action, ex.decision = "delete", "deny"
-            if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
-                raise Forbidden("delete is not permitted")
-            raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
+
+        def decide() -> Row:
+            row = self._servable([mid]).get(mid)
+            # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
+            # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
+            if row is None or self._decide_all(ex, "delete", [row]):
+                ex.action, ex.decision = "delete", "deny"
+                if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
+                    raise Forbidden("delete is not permitted")
+                raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
+            return row
+        row = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
         ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
         await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
 
     async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
         ids = [r["id"] for r in rows]
-        known = self._servable(ids)
-        candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
-        denied = set(self._decide_all(ex, "delete", candidates))
+
+        def decide() -> tuple[list[Row], set[str]]:
+            known = self._servable(ids)
+            candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
+            return candidates, set(self._decide_all(ex, "delete", candidates))
+        candidates, denied = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
         allowed = [r for r in candidates if r.row_id not in denied]
         ex.action, ex.row_ids = "delete", [r.row_id for r in allowed[:20]]
         ex.rows_allowed, ex.rows_denied = len(allowed), len(set(ids)) - len(allowed)
@@ -883,9 +917,9 @@ class Mem0Profile:
         p = self._p(ex)
         if p.kind == "operator":
             self.authz.require_deployment(ex, "reset", self.deployment)
-            ex.rows_allowed = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
+            ex.rows_allowed = await self._off(self.ledger.reset, BACKEND, self.coll, p.uid[1], ex.request_id)
             await self._call("POST", ["reset"])
-            self.ledger.reset_done(BACKEND, self.coll)
+            await self._off(self.ledger.reset_done, BACKEND, self.coll)
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True)
@@ -929,12 +963,13 @@ class Mem0Profile:
         get, so each run checks at most `REAPPEARANCE_CHECKS_PER_RUN` confirmed tombstones, one
         ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
         Returns the number of Mem0 deletes issued."""
-        pending = [row_id for collection, row_id in self.ledger.pending_tombstones(BACKEND) if collection == self.coll]
+        pending = [row_id for collection, row_id in await self._off(self.ledger.pending_tombstones, BACKEND)
+                   if collection == self.coll]
         done = len(await self._backend_delete(pending))
         checked = 0
         while checked < REAPPEARANCE_CHECKS_PER_RUN:
-            batch = self.ledger.backend_deleted_tombstones(BACKEND, self._reappearance_cursor,
-                                                           limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
+            batch = await self._off(self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
+                                    limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
             if not batch:
                 self._reappearance_cursor = ("", "")  # next run starts again from the first tombstone
                 break

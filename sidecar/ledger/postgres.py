@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
+import psycopg.sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -110,6 +111,17 @@ MIGRATIONS: list[str] = [
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
+_STATISTICS_LOCK = 0x6D657374  # "mest": pg_try_advisory_xact_lock key of `refresh_statistics` (one replica at a time)
+
+# Tables of this ledger whose planner statistics are missing or stale, by autovacuum's analyze rule
+# (``autovacuum_analyze_threshold`` 50 + ``autovacuum_analyze_scale_factor`` 0.1 × rows): rows changed since the
+# last ANALYZE above `min_changes` + `fraction` × the table's row estimate, or never analyzed and not empty.
+_STALE_STATISTICS = (
+    "SELECT s.relname AS name FROM pg_stat_user_tables AS s JOIN pg_class AS c ON c.oid = s.relid "
+    "WHERE s.schemaname = %(schema)s AND (s.n_mod_since_analyze > %(min_changes)s + %(fraction)s * GREATEST(c.reltuples, 0) "
+    "OR (s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AND s.n_live_tup + s.n_mod_since_analyze > 0)) "
+    "ORDER BY s.relname"
+)
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -255,6 +267,30 @@ class PostgresLedger:
                         db.execute(statement)
                 db.execute("INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)", (version + 1, now_us()))
         return len(MIGRATIONS)
+
+    def refresh_statistics(self, min_changes: int = 50, fraction: float = 0.1) -> list[str]:
+        """ANALYZE the ledger's tables whose planner statistics are missing or stale (autovacuum's analyze
+        rule: more than `min_changes` + `fraction` × rows changed since the last ANALYZE, or never analyzed);
+        returns the names of the tables analyzed, sorted.
+
+        Why the ledger does this itself: with no statistics (a new ledger, a bulk `memwarden adopt`, or a
+        server running with ``autovacuum = off``) PostgreSQL's default selectivities make the prefix
+        ``(backend, collection_id)`` of the rows' primary key look selective, and the plan of `read_rows`
+        then walks every row of the collection instead of looking up the ids asked (measured: 1.05 ms →
+        0.11 ms for 10 ids of a 2,000-row collection once analyzed; 16.5 ms → 0.76 ms at 50,000 rows).
+        Replicas take turns (``pg_try_advisory_xact_lock``: a replica that finds the lock held analyzes
+        nothing and returns []). Raises psycopg errors (`sidecar.ledger.offloop.call` maps connection
+        errors to `LedgerUnavailable`); ANALYZE needs the tables' owner, which the migrating role is."""
+        with self._tx() as db:
+            got = db.execute("SELECT pg_try_advisory_xact_lock(%s) AS ok", (_STATISTICS_LOCK,)).fetchone()
+            if not got or not got["ok"]:
+                return []
+            stale = [r["name"] for r in db.execute(
+                _STALE_STATISTICS, {"schema": self.schema, "min_changes": min_changes, "fraction": fraction}).fetchall()]
+            for name in stale:
+                db.execute(psycopg.sql.SQL("ANALYZE {}.{}").format(psycopg.sql.Identifier(self.schema),
+                                                                  psycopg.sql.Identifier(name)))
+        return stale
 
     def ping(self) -> bool:
         with self._conn() as db:

@@ -10,6 +10,7 @@ the exchange for the decision log (counts, reasons, evaluation errors, shadow wo
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
@@ -245,7 +246,7 @@ class Authorizer:
         decisions = [known[k] for k in keys]
         return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
 
-    async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> None:
+    async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str], always: bool = False) -> None:
         """Read the ledger rows of `row_ids` and their owners' agent entities in one ledger round trip
         that does not block the event loop (`sidecar.ledger.offloop.read_rows`: one statement on
         PostgreSQL's asynchronous pool, or one worker-thread trip), for the `readable_rows` calls of the
@@ -255,7 +256,7 @@ class Authorizer:
         A key re-check `authenticate` deferred is made in
         the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
         when the ledger cannot answer."""
-        if not row_ids or not (offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
+        if not row_ids or not (always or offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
                                or hasattr(self.ledger, "read_rows")):
             return
         ids = list(dict.fromkeys(row_ids))
@@ -267,6 +268,22 @@ class Authorizer:
             pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
         for row in rows.values():
             ex.prefetched_owners[row.owner] = owners.get(row.owner)  # None: no such agent (asked)
+
+    def start_prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> "asyncio.Task[None]":
+        """`prefetch` the rows of `row_ids` (on every ledger: `always`) as a task that runs while the caller
+        awaits the backend, for a read whose ids are known before the backend answers (a Chroma get by
+        ids): the ledger read overlaps the backend call instead of following it. The rows are still read on
+        this request, before any of them is decided. The caller awaits the task before deciding (it raises
+        what `prefetch` raises: 401, 503) and `release`s the rows after; if the read ends first, it calls
+        `abandon`."""
+        return asyncio.ensure_future(self.prefetch(ex, backend, collection_id, row_ids, always=True))
+
+    @staticmethod
+    async def abandon(task: "asyncio.Task[None]") -> None:
+        """End a `start_prefetch` task whose read failed or ended before deciding: cancelled, waited for, its
+        own error dropped (the read's error is the one raised). A cancellation of the caller still propagates."""
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     @staticmethod
     def release(ex: Exchange, backend: str, collection_id: str) -> None:

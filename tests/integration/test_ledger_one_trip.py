@@ -66,9 +66,12 @@ class Pair:
 
 
 def ledger_calls(side: Server) -> dict[str, float]:
+    """Ledger calls by method, less the background statistics task (`refresh_statistics`, every 60 s), which
+    no request makes."""
     assert side.metrics_url is not None
     text = httpx.get(side.metrics_url, timeout=10, trust_env=False).text
-    return {m: float(v) for m, v in re.findall(r'^memwarden_ledger_call_duration_seconds_count\{method="([^"]+)"\} (\S+)$', text, re.M)}
+    return {m: float(v) for m, v in re.findall(r'^memwarden_ledger_call_duration_seconds_count\{method="([^"]+)"\} (\S+)$', text, re.M)
+            if m != "refresh_statistics"}
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ def test_chroma_get_and_query_drop_only_the_malformed_rows(tmp_path: Path) -> No
     got = client.post(f"{base}/get", json={}, headers={"X-API-Key": key})
     assert got.status_code == 200, got.text
     assert got.json()["ids"] == ["ok1", "ok2"]
-    queried = client.post(f"{base}/query", json={"query_embeddings": [[0.1]], "n_results": 4}, headers={"X-API-Key": key})
+    queried = client.post(f"{base}/query", json={"query_embeddings": [[0.1]], "n_results": 5}, headers={"X-API-Key": key})
     assert queried.status_code == 200, queried.text
     assert queried.json()["ids"] == [["ok1", "ok2"]]
     assert malformed_count(metrics) == 3 + 2

@@ -37,9 +37,19 @@ def test_admitted_share_follows_the_visibility_filter() -> None:
 
 
 def test_overfetch_size() -> None:
-    assert overfetch_size(1.0, 10, 2, 100_000) == 20
+    assert overfetch_size(1.0, 10, 2, 100_000) == 10  # every row readable: k candidates, no more
+    assert overfetch_size(1.0, 1, 2, 100_000) == 1
     n = overfetch_size(0.5, 10, 2, 100_000)
     assert n is not None and 20 < n <= 80 and 0.5 * n - 2 * (n * 0.25) ** 0.5 >= 10
+    for share in (0.99, 0.9, 0.75, 0.6, 0.5, 0.4, 0.3):
+        for k in (1, 5, 10, 50):
+            n = overfetch_size(share, k, 2, 100_000)
+            if n is None:
+                continue
+            step = max(1, k // 4)
+            assert k <= n <= 8 * k and share * n - 2 * (n * share * (1 - share)) ** 0.5 >= k
+            smaller = n - step
+            assert smaller < k or share * smaller - 2 * (smaller * share * (1 - share)) ** 0.5 < k  # the smallest
     assert overfetch_size(0.1, 10, 2, 100_000) is None
     assert overfetch_size(0.1, 1, 2, 100_000) is None
     assert overfetch_size(0.5, 10, 2, 30) is None  # the scan cap bounds it
@@ -54,7 +64,7 @@ def test_plans_and_observations() -> None:
         return share[cid]
 
     auto = QueryPlanner("auto", 2, 100_000, counts)
-    assert auto.plan(A, "c", 10).unfiltered and auto.plan(A, "c", 10).n_fetch == 20
+    assert auto.plan(A, "c", 10).unfiltered and auto.plan(A, "c", 10).n_fetch == 10  # all readable: k candidates
     assert calls == ["c"]  # counts are kept for ttl_s
     for _ in range(QueryPlanner.OBSERVATIONS):  # the nearby rows turn out unreadable
         auto.observe(A, "c", 20, 1)
