@@ -104,6 +104,13 @@ class Authorizer:
             forget = getattr(self.ledger, "forget_key", None)
             if forget is not None:
                 forget(pending[1])
+            # Logged as a first-check 401 is: unauthenticated, nothing routed, decided or counted.
+            fresh = Exchange(method=ex.method, raw_path=ex.raw_path)
+            for name in ("principal", "key_id", "operation", "action", "resource", "decision", "reason", "policy_set",
+                         "policies", "deny_policies", "rows_allowed", "rows_denied", "rows_malformed",
+                         "rows_hidden_superseded", "rows_hidden_deleted", "rows_unknown", "row_deny_reasons",
+                         "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "row_ids"):
+                setattr(ex, name, getattr(fresh, name))
             raise Unauthorized("unknown or revoked API key")
 
     async def settle(self, ex: Exchange) -> None:

@@ -171,3 +171,33 @@ def test_inline_ledger_calls_are_one_trip_too(pair: Pair, chroma_server: Server,
     delta = {m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)}
     assert delta == {"read_rows": len(OPS)}, delta
     assert got == want
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_failed_deferred_recheck_is_logged_as_a_first_check_401(pair: Pair, op: str) -> None:
+    """The deferred re-check's 401 is logged as unauthenticated exactly as an unknown key's 401 is: no
+    principal, key, operation, action, decision detail or row counts of the kept principal."""
+    import json
+    import time
+
+    def decision(log: Path, request_id: str) -> dict:
+        for _ in range(100):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("{") and f'"request_id":"{request_id}"' in line:
+                    event = json.loads(line)
+                    if event.get("event") == "decision":
+                        return dict(event)
+            time.sleep(0.05)
+        raise AssertionError(f"no decision line for {request_id}")
+
+    key_id, key = pair.key("agent", "red", f"l{uuid.uuid4().hex[:6]}")
+    assert pair.call(pair.a, key, "get").status_code == 200
+    pair.silent_revoke(key_id)
+    revoked = pair.call(pair.a, key, op)
+    unknown = pair.call(pair.a, "mw_" + "0" * 40, op)
+    assert revoked.status_code == unknown.status_code == 401
+    lines = [decision(pair.a.log, r.headers["x-request-id"]) for r in (revoked, unknown)]
+    for line in lines:
+        for field in ("request_id", "latency_us", "timestamp"):
+            line.pop(field, None)
+    assert lines[0] == lines[1] and lines[0]["principal"] is None and lines[0]["key_id"] is None
