@@ -23,9 +23,8 @@ Governance on top of Chroma:
 
 from __future__ import annotations
 
-import functools
 import secrets
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import structlog
 
@@ -43,7 +42,6 @@ from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
-_R = TypeVar("_R")
 # Collection metadata key carrying the nonce of the create that made the collection (`CollectionIntent`).
 INTENT_KEY = "mw_create_intent"
 DEPLOYMENT = "chroma"  # Deployment::"chroma": the Chroma server behind this sidecar
@@ -311,13 +309,6 @@ class ChromaProfile:
         return result
 
     # -- helpers ------------------------------------------------------------------------------
-    async def _off(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
-        """``fn(*args, **kwargs)`` — synchronous code that reads or writes the ledger (and may decide with
-        Cedar) — in a worker thread on a PostgreSQL ledger, inline on SQLite (`offloop.call`), so no ledger
-        round trip blocks the event loop. Raises what `fn` raises; a ledger that cannot answer is
-        `LedgerUnavailable` (503)."""
-        return await offloop.call(self.ledger, functools.partial(fn, *args, **kwargs))
-
     def _p(self, ex: Exchange) -> Principal:
         assert ex.principal is not None
         return ex.principal
@@ -647,7 +638,7 @@ class ChromaProfile:
         """add / upsert / update: authorise every row, reserve new ids, stamp, forward, then commit."""
         p = self._p(ex)
         # The collection lookup too: it misses the cache while an invalidation is being read (PostgreSQL).
-        rec = await self._off(self._require_collection, ex, params, "list")
+        rec = await offloop.call(self.ledger, self._require_collection, ex, params, "list")
         body = _obj(ex.body)
         ids = _ids(body.get("ids"), required=True, limit=self.settings.max_ids)
         assert ids is not None
@@ -681,9 +672,9 @@ class ChromaProfile:
                 if denied:
                     ex.decision, ex.action, ex.row_ids = "deny", "write", denied
                     raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
-            await self._off(decide_write)
+            await offloop.call(self.ledger, decide_write)
 
-        known = await self._off(self.ledger.get_rows, BACKEND, rec.collection_id, ids)
+        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, ids)
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
@@ -711,7 +702,7 @@ class ChromaProfile:
                 views = self._views(ex, rec, [known[ids[i]] for i in echoed])
                 for i in echoed:
                     split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
-        await self._off(check_existing)
+        await offloop.call(self.ledger, check_existing)
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
             checks: list[tuple[str, Row, dict[str, Any] | None]] = []
@@ -752,7 +743,7 @@ class ChromaProfile:
             self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
             self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
             return final, changed
-        final, changed = await self._off(decide_changes)
+        final, changed = await offloop.call(self.ledger, decide_changes)
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)
@@ -763,7 +754,7 @@ class ChromaProfile:
                 for i in range(len(ids))
             ]
         new_rows = [final[i] for i in new_ids]
-        conflicts = await self._off(self.ledger.reserve_rows, new_rows)
+        conflicts = await offloop.call(self.ledger, self.ledger.reserve_rows, new_rows)
         if conflicts:
             raise Conflict("ids already exist")
         try:
@@ -773,17 +764,17 @@ class ChromaProfile:
                 self.prov.check_parents(ex, new_rows)
                 self.prov.check_supersession(ex, new_rows)
                 self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
-            await self._off(check_pending)
+            await offloop.call(self.ledger, check_pending)
             await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
         except BaseException:
             # Submitted to its thread before anything else can run: the reservations are freed whatever
             # happens to this task from here on.
-            await self._off(self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
+            await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
             raise
         if "activate" in self.settings.failpoints:
             _crash()
         try:
-            await self._off(self.prov.activate, ex, rec.collection_id, new_rows)
+            await offloop.call(self.ledger, self.prov.activate, ex, rec.collection_id, new_rows)
         except (Forbidden, Conflict):
             # Another write replaced a fact in the meantime and this caller may not update the new one.
             # The new rows were never served (still pending): take them back out of Chroma, free their ids.
@@ -795,10 +786,10 @@ class ChromaProfile:
                     self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
                     if changed:  # updates of existing rows in this request did reach Chroma
                         self.ledger.update_governance(changed)
-                await self._off(withdraw)
+                await offloop.call(self.ledger, withdraw)
             raise
         if changed:
-            await self._off(self.ledger.update_governance, changed)
+            await offloop.call(self.ledger, self.ledger.update_governance, changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 
@@ -1061,7 +1052,7 @@ class ChromaProfile:
 
     # -- deletes ----------------------------------------------------------------------------
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        rec = await self._off(self._collection, ex, params)
+        rec = await offloop.call(self.ledger, self._collection, ex, params)
         body = _obj(ex.body)
         self._check_filters(body)
         ids = _ids(body.get("ids"), required=False, limit=self.settings.max_ids)
@@ -1080,9 +1071,9 @@ class ChromaProfile:
                 include=[], offset=0, limit=None, keep=lambda batch: set(batch),
             )
             candidate_ids = [r["ids"] for r in candidates]
-        known = await self._off(self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
+        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
-        decisions = await self._off(self.authz.decide_rows, ex, "delete", rows)
+        decisions = await offloop.call(self.ledger, self.authz.decide_rows, ex, "delete", rows)
         allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
         if limit is not None:
             allowed = allowed[:limit]
@@ -1094,7 +1085,7 @@ class ChromaProfile:
         # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
         # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
         by_id = {r.row_id: r for r in rows}
-        closed = await self._off(self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
+        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
                                  self.settings.deletion_closure)
         if "after-tombstone" in self.settings.failpoints:
             _crash()
@@ -1108,10 +1099,10 @@ class ChromaProfile:
             by_collection.setdefault(collection_id, []).append(row_id)
         done = 0
         for collection_id, row_ids in by_collection.items():
-            rec = await self._off(self.ledger.get_collection, BACKEND, collection_id)
+            rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
             if rec is not None:
                 await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
-            await self._off(self.ledger.mark_backend_deleted, BACKEND, collection_id, row_ids)
+            await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, collection_id, row_ids)
             done += len(row_ids)
         return done
 
@@ -1120,10 +1111,10 @@ class ChromaProfile:
         reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
-        done = await self._backend_delete(await self._off(self.ledger.pending_tombstones, BACKEND))
+        done = await self._backend_delete(await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND))
         after = ("", "")
         while True:
-            batch = await self._off(self.ledger.backend_deleted_tombstones, BACKEND, after)
+            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, after)
             if not batch:
                 return done
             after = batch[-1]
@@ -1131,7 +1122,7 @@ class ChromaProfile:
             for collection_id, row_id in batch:
                 by_collection.setdefault(collection_id, []).append(row_id)
             for collection_id, row_ids in by_collection.items():
-                rec = await self._off(self.ledger.get_collection, BACKEND, collection_id)
+                rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
                 if rec is None:
                     continue
                 present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},

@@ -40,8 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Iterable
 
 import structlog
 
@@ -58,7 +57,6 @@ from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
-T = TypeVar("T")
 
 BACKEND = "mem0"
 REAPPEARANCE_CHECKS_PER_RUN = 200
@@ -200,13 +198,6 @@ class Mem0Profile:
         return await getattr(self, f"op_{route.op}")(ex, route.params)  # type: ignore[no-any-return]
 
     # -- helpers ------------------------------------------------------------------------------
-    async def _off(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` — synchronous code that reads or writes the ledger (and may decide with
-        Cedar) — in a worker thread on a PostgreSQL ledger, inline on SQLite (`offloop.call`), so no ledger
-        round trip blocks the event loop. Raises what `fn` raises; a ledger that cannot answer is
-        `LedgerUnavailable` (503)."""
-        return await offloop.call(self.ledger, functools.partial(fn, *args, **kwargs))
-
     @staticmethod
     def _p(ex: Exchange) -> Principal:
         assert ex.principal is not None
@@ -296,7 +287,7 @@ class Mem0Profile:
     async def _decorate(self, ex: Exchange, rows: list[dict[str, Any]]) -> None:
         """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned memories' metadata where the linked
         memory is readable by the caller (`Provenance.links`; its ledger reads off the loop)."""
-        await self._off(self.prov.decorate, ex, self.coll, rows, id_key="id", meta_key="metadata")
+        await offloop.call(self.ledger, self.prov.decorate, ex, self.coll, rows, id_key="id", meta_key="metadata")
 
     @staticmethod
     def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
@@ -363,7 +354,7 @@ class Mem0Profile:
             self.prov.check_supersession(ex, [template])
             self.prov.check_forgotten(ex, [self.prov.set_content(dataclasses.replace(template), t) for t in texts])
             return template
-        template = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
+        template = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
         candidates: dict[str, Row] = {}
         if infer:
             candidates = await self._confine_infer(ex, p, cedar_attrs)
@@ -398,7 +389,7 @@ class Mem0Profile:
                 ex.action, ex.decision = "update", "deny"
                 raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
             return known
-        return await self._off(confine)
+        return await offloop.call(self.ledger, confine)
 
     def _with_text(self, row: Row, text: Any) -> Row:
         """`row` with `text` (an event's memory) as its content; no content when Mem0 sent no text."""
@@ -443,7 +434,7 @@ class Mem0Profile:
             else:
                 tomb.append(mid)  # Mem0 touched a row outside the confinement: never serve it again
         # infer=false texts were checked before forwarding; the LLM's own texts only now.
-        refused = {r.row_id for r in await self._off(self.prov.forgotten, ex, added + updated)} if infer else set()
+        refused = {r.row_id for r in await offloop.call(self.ledger, self.prov.forgotten, ex, added + updated)} if infer else set()
         if refused:
             tomb += [r.row_id for r in added + updated if r.row_id in refused]
             added = [r for r in added if r.row_id not in refused]
@@ -453,15 +444,15 @@ class Mem0Profile:
         # Every ledger call below runs off the event loop on PostgreSQL (`_off`), one after the other, in
         # the order and with the errors of the synchronous code.
         if gone:
-            closed += await self._off(self.prov.tombstone, ex, self.coll, gone, self.settings.deletion_closure)
+            closed += await offloop.call(self.ledger, self.prov.tombstone, ex, self.coll, gone, self.settings.deletion_closure)
         if tomb:
-            closed += await self._off(self.ledger.tombstone, BACKEND, self.coll, tomb, p.uid[1], ex.request_id,
+            closed += await offloop.call(self.ledger, self.ledger.tombstone, BACKEND, self.coll, tomb, p.uid[1], ex.request_id,
                                       closure=self.settings.deletion_closure)
         if deleted_in_mem0:
-            await self._off(self.ledger.mark_backend_deleted, BACKEND, self.coll, deleted_in_mem0)
+            await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, deleted_in_mem0)
         withdrawn: MemwardenError | None = None
         if added:
-            if await self._off(self.ledger.reserve_rows, added):
+            if await offloop.call(self.ledger, self.ledger.reserve_rows, added):
                 raise UpstreamError("backend reused a memory id")
             # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now: what was
             # checked before the Mem0 call is checked again while they are pending — a parent deleted or
@@ -473,10 +464,10 @@ class Mem0Profile:
                     raise Conflict("this content was deleted and may not be written again")
                 self.prov.activate(ex, self.coll, added)
             try:
-                await self._off(settle)
+                await offloop.call(self.ledger, settle)
             except (Forbidden, Conflict) as exc:
                 withdrawn = exc
-            live = await self._off(self.ledger.get_rows, BACKEND, self.coll, [r.row_id for r in added])
+            live = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, self.coll, [r.row_id for r in added])
             status = {r.row_id: live[r.row_id].status if r.row_id in live else "missing" for r in added}
             if withdrawn is None and any(v != "active" for v in status.values()):
                 # tombstoned by a concurrent deletion closure while pending (its deleter removes them from Mem0)
@@ -485,7 +476,7 @@ class Mem0Profile:
                 # Never served (never active): free the reservations and take the memories back out of Mem0.
                 # A memory Mem0 will not delete now is tombstoned instead, for the reconciler.
                 pending = [mid for mid, v in status.items() if v == "pending"]
-                await self._off(self.ledger.release_rows, BACKEND, self.coll, pending)
+                await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, self.coll, pending)
                 stuck = []
                 for mid in pending:
                     try:
@@ -496,12 +487,12 @@ class Mem0Profile:
                     except MemwardenError:
                         stuck.append(mid)
                 if stuck:
-                    closed += await self._off(self.ledger.tombstone, BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
+                    closed += await offloop.call(self.ledger, self.ledger.tombstone, BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
                                               closure=self.settings.deletion_closure)
                 out = [e for e in out if e["id"] not in status]
                 added = []
         if updated:
-            await self._off(self.ledger.update_governance, updated)
+            await offloop.call(self.ledger, self.ledger.update_governance, updated)
         done = set(deleted_in_mem0)
         await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
         if withdrawn is not None:
@@ -547,7 +538,7 @@ class Mem0Profile:
             return new, moved
         # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
         async with self.authz.prefetched(ex, BACKEND, self.coll, [mid]):
-            new, moved = await self._off(decide)
+            new, moved = await offloop.call(self.ledger, decide)
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         if "metadata" in body or moved:
@@ -558,7 +549,7 @@ class Mem0Profile:
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):
-            await self._off(self.ledger.update_governance, [new])
+            await offloop.call(self.ledger, self.ledger.update_governance, [new])
         return 200, result
 
     # -- reads ------------------------------------------------------------------------------
@@ -595,7 +586,7 @@ class Mem0Profile:
         # read, is redacted (null) — the same rule as the 409 on writes, so it is no oracle to others.
         texts = sorted({t for e in entries for t in (e.get("old_memory"), e.get("new_memory")) if isinstance(t, str)})
         as_rows = [self.prov.set_content(dataclasses.replace(row), t) for t in texts]
-        flagged = {id(r) for r in await self._off(self.prov.forgotten, ex, as_rows)}
+        flagged = {id(r) for r in await offloop.call(self.ledger, self.prov.forgotten, ex, as_rows)}
         hidden = {t for t, r in zip(texts, as_rows) if id(r) in flagged}
         if hidden:
             for e in entries:
@@ -634,7 +625,7 @@ class Mem0Profile:
             # An adopted memory kept the agent_id Mem0 gave it (`memwarden adopt mem0`): an agent_id the tenant's
             # adopted memories are listed under names those memories too, as Mem0 itself would answer.
             raw = _ident(named, "agent_id")
-            adopted = ("agent_id", raw) in await self._off(self.ledger.listing_keys, BACKEND, self.coll, p.tenant)
+            adopted = ("agent_id", raw) in await offloop.call(self.ledger, self.ledger.listing_keys, BACKEND, self.coll, p.tenant)
             try:
                 agents = [self._agent_ref(p, named)]
             except BadRequest:
@@ -645,9 +636,9 @@ class Mem0Profile:
                 lookups.append({**base, "agent_id": raw})
             agents = [a for a in agents if a.startswith(p.tenant + "/")]  # another tenant's agent: nothing of it
         else:
-            agents = await self._off(self._tenant_agents, p)
+            agents = await offloop.call(self.ledger, self._tenant_agents, p)
             # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
-            for field, value in await self._off(self.ledger.listing_keys, BACKEND, self.coll, p.tenant):
+            for field, value in await offloop.call(self.ledger, self.ledger.listing_keys, BACKEND, self.coll, p.tenant):
                 if base.get(field, value) == value:
                     lookups.append({**base, field: value})
         lookups = [{**base, "agent_id": a} for a in agents] + lookups
@@ -813,7 +804,7 @@ class Mem0Profile:
             raise BadRequest("query must be a non-empty string")
         k = _int(body.get("top_k"), "top_k", SEARCH_DEFAULT_TOP_K)
         include_superseded, as_of = history_view(ex.query)
-        compiled = await self._off(self._compile, p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
+        compiled = await offloop.call(self.ledger, self._compile, p, body.get("filters"), {key: body.get(key) for key in IDENTITY})
         if k == 0:
             return 200, {"results": []}
         req: dict[str, Any] = {"query": query, "filters": self._search_filters(p, compiled)}
@@ -855,7 +846,7 @@ class Mem0Profile:
                 done.append(mid)
         finally:
             if done:
-                await self._off(self.ledger.mark_backend_deleted, BACKEND, self.coll, done)
+                await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, done)
         return done
 
     async def _delete_rows(self, ex: Exchange, rows: list[Row]) -> int:
@@ -864,7 +855,7 @@ class Mem0Profile:
         len(rows)."""
         if not rows:
             return 0
-        closed = await self._off(self.prov.tombstone, ex, self.coll, rows, self.settings.deletion_closure)
+        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, self.coll, rows, self.settings.deletion_closure)
         # A copy in another Mem0 deployment sharing this ledger stays pending for that deployment's reconciler.
         await self._backend_delete([row_id for collection, row_id in closed if collection == self.coll])
         return len(rows)
@@ -882,7 +873,7 @@ class Mem0Profile:
                     raise Forbidden("delete is not permitted")
                 raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
             return row
-        row = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
+        row = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
         ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
         await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
@@ -894,7 +885,7 @@ class Mem0Profile:
             known = self._servable(ids)
             candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
             return candidates, set(self._decide_all(ex, "delete", candidates))
-        candidates, denied = await self._off(decide)  # its ledger reads off the loop (PostgreSQL)
+        candidates, denied = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
         allowed = [r for r in candidates if r.row_id not in denied]
         ex.action, ex.row_ids = "delete", [r.row_id for r in allowed[:20]]
         ex.rows_allowed, ex.rows_denied = len(allowed), len(set(ids)) - len(allowed)
@@ -917,9 +908,9 @@ class Mem0Profile:
         p = self._p(ex)
         if p.kind == "operator":
             self.authz.require_deployment(ex, "reset", self.deployment)
-            ex.rows_allowed = await self._off(self.ledger.reset, BACKEND, self.coll, p.uid[1], ex.request_id)
+            ex.rows_allowed = await offloop.call(self.ledger, self.ledger.reset, BACKEND, self.coll, p.uid[1], ex.request_id)
             await self._call("POST", ["reset"])
-            await self._off(self.ledger.reset_done, BACKEND, self.coll)
+            await offloop.call(self.ledger, self.ledger.reset_done, BACKEND, self.coll)
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True)
@@ -963,12 +954,12 @@ class Mem0Profile:
         get, so each run checks at most `REAPPEARANCE_CHECKS_PER_RUN` confirmed tombstones, one
         ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
         Returns the number of Mem0 deletes issued."""
-        pending = [row_id for collection, row_id in await self._off(self.ledger.pending_tombstones, BACKEND)
+        pending = [row_id for collection, row_id in await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND)
                    if collection == self.coll]
         done = len(await self._backend_delete(pending))
         checked = 0
         while checked < REAPPEARANCE_CHECKS_PER_RUN:
-            batch = await self._off(self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
+            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
                                     limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
             if not batch:
                 self._reappearance_cursor = ("", "")  # next run starts again from the first tombstone

@@ -41,13 +41,14 @@ def _unavailable(exc: psycopg.OperationalError) -> LedgerUnavailable:
     return LedgerUnavailable(f"ledger unavailable: {type(exc).__name__}")
 
 
-async def call(ledger: Any, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``, in a worker thread when `ledger` is `blocking`; psycopg connection errors and
-    pool timeouts become `LedgerUnavailable`."""
+async def call(ledger: Any, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` — a ledger method, or synchronous code that reads or writes the ledger (and
+    may decide with Cedar) — in a worker thread when `ledger` is `blocking`, inline otherwise; psycopg
+    connection errors and pool timeouts become `LedgerUnavailable`."""
     try:
         if blocking(ledger):
-            return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
     except psycopg.OperationalError as exc:
         raise _unavailable(exc) from exc
 
