@@ -88,23 +88,48 @@ class Metrics:
                                          ["action"], registry=r)
         self.ready = Gauge("memwarden_ready", "1 when the last readiness check passed", registry=r)
         self.policy_last_reload_ok.set(1)
+        # Label children bound on first use (prometheus-client's `labels()` takes a lock and builds a tuple
+        # per call), found again by their label values: a bounded set (row results; the routes' operations,
+        # actions, decisions and statuses). These families are never `clear()`ed or `remove()`d, so a bound
+        # child is the one `labels()` would return; a series still appears only once it is counted.
+        self._rows_by_result: dict[str, Any] = {}
+        self._requests_by_labels: dict[tuple[Any, Any, Any, Any], Any] = {}
+        self._cedar_by_labels: dict[tuple[str, bool], Any] = {}
 
     # -- observations -----------------------------------------------------------------------
     def observe_exchange(self, ex: Any, status: int) -> None:
         """Count one finished request (an `Exchange`) and its rows."""
-        self.requests.labels(ex.operation, ex.action or "none", ex.decision or "none", str(status)).inc()
+        labels = (ex.operation, ex.action or "none", ex.decision or "none", status)
+        child = self._requests_by_labels.get(labels)
+        if child is None:
+            child = self._requests_by_labels[labels] = self.requests.labels(*labels[:3], str(status))
+        child.inc()
         for result, n in (("allowed", ex.rows_allowed), ("denied", ex.rows_denied),
                           ("superseded", ex.rows_hidden_superseded), ("deleted", ex.rows_hidden_deleted),
                           ("unknown", ex.rows_unknown), ("malformed", ex.rows_malformed)):
             if n:
-                self.rows.labels(result).inc(n)
+                row_child = self._rows_by_result.get(result)
+                if row_child is None:
+                    row_child = self._rows_by_result[result] = self.rows.labels(result)
+                row_child.inc(n)
         self.request_duration.observe(ex.elapsed_us() / 1e6)
 
+    def _cedar_child(self, action: str, allowed: bool) -> Any:
+        child = self._cedar_by_labels.get((action, allowed))
+        if child is None:
+            child = self._cedar_by_labels[(action, allowed)] = self.cedar_decisions.labels(
+                action, "allow" if allowed else "deny")
+        return child
+
     def observe_cedar(self, actions: list[str], allowed: list[bool], seconds: float) -> None:
+        """One PDP call: its duration (`seconds`), its size and one count per answer by (action, decision)."""
         self.cedar_batch.observe(seconds)
         self.cedar_batch_size.observe(len(actions))
+        if len(actions) == 1 and len(allowed) == 1:  # a request-level decision: no tally to build
+            self._cedar_child(actions[0], bool(allowed[0])).inc(1)
+            return
         for (action, ok), n in Tally(zip(actions, allowed)).items():
-            self.cedar_decisions.labels(action, "allow" if ok else "deny").inc(n)
+            self._cedar_child(action, bool(ok)).inc(n)
 
     def set_policy_set(self, sha256: str) -> None:
         self.policy_set.clear()
@@ -129,7 +154,13 @@ class Metrics:
 
 
 class InstrumentedLedger:
-    """A `Ledger` that times every method call into `metrics` and otherwise delegates unchanged."""
+    """A `Ledger` that times every method call into `metrics` and otherwise delegates unchanged.
+
+    A public method's timed wrapper is made on first use and stored on the instance, so later calls
+    find it by plain attribute lookup (no `__getattr__` per call); other attributes (``_private``, data
+    such as ``blocking_io``) are read from `inner` at every access, as they may change."""
+
+    stable_methods = True  # a method looked up once stays this object's (`sidecar.ledger.cache.CachingLedger`)
 
     def __init__(self, inner: Any, metrics: Metrics) -> None:
         self._inner = inner
@@ -139,6 +170,16 @@ class InstrumentedLedger:
     @property
     def inner(self) -> Any:
         return self._inner
+
+    @property
+    def blocking_io(self) -> Any:
+        """`inner`'s ``blocking_io`` (False when it has none): read by `sidecar.ledger.offloop.blocking`."""
+        return getattr(self._inner, "blocking_io", False)
+
+    @property
+    def async_io(self) -> Any:
+        """`inner`'s ``async_io`` (False when it has none): read by `sidecar.ledger.offloop.asynchronous`."""
+        return getattr(self._inner, "async_io", False)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -163,7 +204,7 @@ class InstrumentedLedger:
                 finally:
                     histogram.observe(time.perf_counter() - t0)
 
-            self._wrapped[name] = timed_async
+            self._wrapped[name] = self.__dict__[name] = timed_async
             return timed_async
 
         @wraps(attr)
@@ -177,7 +218,7 @@ class InstrumentedLedger:
             finally:
                 histogram.observe(time.perf_counter() - t0)
 
-        self._wrapped[name] = timed
+        self._wrapped[name] = self.__dict__[name] = timed
         return timed
 
 

@@ -44,7 +44,7 @@ from typing import Any, Iterable
 
 import structlog
 
-from sidecar.backends.base import Route, match_routes
+from sidecar.backends.base import Route, RouteTable
 from sidecar.config import Settings
 from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
@@ -92,6 +92,7 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("DELETE", ("entities", "{entity_type}", "{entity_id}"), "blocked"),
     ("GET", ("requests",), "blocked"),
 ]
+ROUTE_TABLE = RouteTable(ROUTES)  # `Mem0Profile.match`: the same answers as ``match_routes(ROUTES, ...)``
 
 IDENTITY = ("user_id", "agent_id", "run_id")
 OPERATORS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains"}
@@ -191,7 +192,7 @@ class Mem0Profile:
     health_segments = ["configure", "providers"]
 
     def match(self, method: str, segments: list[str]) -> Route | None:
-        return match_routes(ROUTES, method, segments)
+        return ROUTE_TABLE.match(method, segments)
 
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
         ex.operation = route.op

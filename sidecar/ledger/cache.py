@@ -212,15 +212,33 @@ class CachingLedger:
         return out
 
     # -- everything else --------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.inner, name)
-        if name in READ_ONLY or not callable(attr):
-            return attr
+    @property
+    def blocking_io(self) -> Any:
+        """`inner`'s ``blocking_io`` (False when it has none): read by `sidecar.ledger.offloop.blocking`."""
+        return getattr(self.inner, "blocking_io", False)
 
-        def write(*args: Any, **kwargs: Any) -> Any:
-            self.clear()
-            try:
-                return attr(*args, **kwargs)
-            finally:
+    @property
+    def async_io(self) -> Any:
+        """`inner`'s ``async_io`` (False when it has none): read by `sidecar.ledger.offloop.asynchronous`."""
+        return getattr(self.inner, "async_io", False)
+
+    def __getattr__(self, name: str) -> Any:
+        """`inner`'s attribute; a method not in `READ_ONLY` drops every cache before and after it runs.
+        When `inner` keeps its methods (``stable_methods``: `sidecar.metrics.InstrumentedLedger`) the
+        method found is stored on this object, so the next call does not come through here."""
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+        if name in READ_ONLY:
+            method = attr
+        else:
+            def write(*args: Any, **kwargs: Any) -> Any:
                 self.clear()
-        return write
+                try:
+                    return attr(*args, **kwargs)
+                finally:
+                    self.clear()
+            method = write
+        if not name.startswith("_") and getattr(self.inner, "stable_methods", False):
+            self.__dict__[name] = method
+        return method

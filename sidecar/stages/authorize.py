@@ -67,6 +67,10 @@ class Authorizer:
         # (method, canonical segments) -> whether the request is a read whose key re-check may ride on its
         # first ledger read (`authenticate`); set by the backend profile, which ends such requests with `settle`.
         self.deferrable: Callable[[str, list[str]], bool] = lambda method, segments: False
+        # (ledger, whether it re-checks keys with its rows: has ``verified_principal`` and ``read_rows``),
+        # found once per ledger object: the caching and instrumenting wrappers answer ``hasattr`` by
+        # forwarding (and, on SQLite, raising AttributeError) at every call.
+        self._recheck_capable: tuple[Any, bool] | None = None
 
     async def authenticate(self, ex: Exchange, key: str) -> Principal | None:
         """The principal of API key `key`, or None (unknown, revoked, malformed).
@@ -79,9 +83,13 @@ class Authorizer:
         or, when the read fetched none, by `settle` before the answer leaves: a key revoked by any replica
         fails that very request with 401, nothing of the read is served, and the read costs one ledger
         round trip. Raises `LedgerUnavailable` (503)."""
-        verified = getattr(self.ledger, "verified_principal", None)
-        if verified is not None and hasattr(self.ledger, "read_rows") and self.deferrable(ex.method, ex.segments):
-            p = verified(key)
+        ledger = self.ledger
+        capable = self._recheck_capable
+        if capable is None or capable[0] is not ledger:
+            capable = self._recheck_capable = (
+                ledger, getattr(ledger, "verified_principal", None) is not None and hasattr(ledger, "read_rows"))
+        if capable[1] and self.deferrable(ex.method, ex.segments):
+            p = ledger.verified_principal(key)
             if p is not None:
                 ex.key_recheck = (p.key_id, key)
                 return p
