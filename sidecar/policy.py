@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import cedarpy
 import orjson
@@ -84,6 +84,7 @@ class PolicyEngine:
     def __init__(self, policies_text: str, schema_text: str, policy_files: list[Path], schema_file: Path,
                  names: list[str] | None = None) -> None:
         self._memo: dict[str, Decision] = {}
+        self._keyed_memo: dict[Any, Decision] = {}  # `decide_keyed`
         # Governance classes (`invariants.classes`): the resource attributes a row's class key holds, set
         # from the admission gate's analysis; None = one decision per row. `class_memo` keeps class
         # decisions of this policy set (`sidecar.stages.authorize.Authorizer.decide_rows`).
@@ -170,6 +171,22 @@ class PolicyEngine:
                 self._memo[key] = decision
             return [decision]
         return self._decide(requests, entities_json)
+
+    def decide_keyed(self, key: Any, request: CedarRequest, entities: Callable[[], list[dict[str, Any]]]) -> Decision:
+        """`decide` of one request, memoised on `key` instead of the request's and entities' JSON: `key`
+        (hashable) must determine `request` and the entity list ``entities()`` returns — equal keys, equal
+        request and entities — so the JSON need not be built to find an answer already given. On a miss,
+        ``entities()`` is called and the request decided by `decide`; an answer with evaluation errors is
+        not kept (as in `decide`). Never raises (`decide`), except what `entities` raises."""
+        hit = self._keyed_memo.get(key)
+        if hit is not None:
+            return hit
+        decision = self.decide([request], entities())[0]
+        if not decision.errors:
+            if len(self._keyed_memo) >= self.MEMO_SIZE:
+                self._keyed_memo.pop(next(iter(self._keyed_memo)), None)
+            self._keyed_memo[key] = decision
+        return decision
 
     def _decide(self, requests: list[CedarRequest], entities_json: str) -> list[Decision]:
         try:

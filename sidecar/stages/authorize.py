@@ -210,14 +210,36 @@ class Authorizer:
 
     def require(self, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
         """Request-level decision on `resource` (a Cedar JSON entity). Raises `Forbidden` unless Allow."""
-        assert ex.principal is not None
+        p = ex.principal
+        assert p is not None
         uid = resource["uid"]
         ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
-        decision = self.decide(ex, *self.request_batch(ex.principal, action, resource, extra))[0]
+        decision = self._request_decision(ex, p, action, resource, extra)
         if not decision.allowed:
             ex.decision = "deny"
             raise Forbidden(f"{action} is not permitted", reason=decision.reason)
         ex.decision = "allow"
+
+    def _request_decision(self, ex: Exchange, p: Principal, action: str, resource: dict[str, Any],
+                          extra: list[dict[str, Any]] | None) -> Decision:
+        """The recorded decision of `require`. Memoised on (principal, action, canonical JSON of the resource
+        and `extra`) — which determine the Cedar request and entity store `request_batch` builds (the
+        principal's entities are a function of its fields) — so a repeated decision builds neither the
+        principal's entities nor the store's JSON (`PolicyHandle.decide_request`)."""
+        decide_request = getattr(self.policy, "decide_request", None)
+        try:
+            key = (p, action, canonical_json([resource, *(extra or ())])) if decide_request is not None else None
+            hash(key)
+        except TypeError:  # a principal that cannot be a key: the general path
+            key = None
+        if key is None:
+            return self.decide(ex, *self.request_batch(p, action, resource, extra))[0]
+        if ex.policy_set is None:
+            ex.policy_set = self.policy.current
+        uid = resource["uid"]
+        request = CedarRequest(p.uid, action, (uid["type"], uid["id"]))
+        decision = decide_request(key, request, lambda: self.request_batch(p, action, resource, extra)[1], ex.policy_set)
+        return self._record(ex, [request], [decision])[0]
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
         """One decision of `action` per row (in order). `contexts` per row, optional.

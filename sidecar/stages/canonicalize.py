@@ -119,11 +119,58 @@ def canonical_query(query_string: bytes) -> dict[str, str]:
     return out
 
 
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
+_CONTROL_BYTES_BUT_TAB = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def canonical_headers(raw_headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, list[str]], list[str]]:
     """Validate headers; return (name → values, stripped identity header names).
 
     Raises `BadRequest` for control characters, method overrides or conflicting framing headers.
-    """
+
+    The control characters of every name and value are looked for at once, in the raw bytes (UTF-8
+    encodes U+0000–U+001F and U+007F as those single bytes and no other character uses them); when
+    there is one, or a name or value does not decode, `_reference_headers` answers (the same error
+    for the same first header)."""
+    try:
+        if _CONTROL_BYTES.search(b"".join([n for n, _ in raw_headers])) or \
+                _CONTROL_BYTES_BUT_TAB.search(b"".join([v for _, v in raw_headers])):
+            return _reference_headers(raw_headers)
+    except TypeError:  # not bytes: the reference says what it makes of them
+        return _reference_headers(raw_headers)
+    headers: dict[str, list[str]] = {}
+    stripped: list[str] = []
+    try:
+        for raw_name, raw_value in raw_headers:
+            name = raw_name.decode("ascii").lower()
+            value = raw_value.decode("utf-8")
+            if name in METHOD_OVERRIDE_HEADERS:
+                raise BadRequest("method override headers are not accepted")
+            if name in IDENTITY_HEADERS or name.startswith(IDENTITY_HEADER_PREFIXES):
+                stripped.append(name)
+                continue
+            values = headers.get(name)
+            if values is None:
+                headers[name] = [value]
+            else:
+                values.append(value)
+    except UnicodeDecodeError:
+        return _reference_headers(raw_headers)
+    return _framing_checked(headers), stripped
+
+
+def _framing_checked(headers: dict[str, list[str]]) -> dict[str, list[str]]:
+    lengths = headers.get("content-length", [])
+    if lengths and "transfer-encoding" in headers:
+        raise BadRequest("Content-Length together with Transfer-Encoding is not accepted")
+    if len(lengths) > 1 and len({v.strip() for v in lengths}) > 1:
+        raise BadRequest("conflicting Content-Length headers")
+    return headers
+
+
+def _reference_headers(raw_headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, list[str]], list[str]]:
+    """`canonical_headers` one header at a time (each decoded, then searched for control characters):
+    the reference of its fast path, and the path of every header list that fails it."""
     headers: dict[str, list[str]] = {}
     stripped: list[str] = []
     for raw_name, raw_value in raw_headers:

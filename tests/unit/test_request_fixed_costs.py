@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sidecar.backends import chroma, mem0
@@ -225,3 +225,151 @@ def test_request_ids_have_the_format_of_uuid4_hex() -> None:
     assert {new_request_id()[16] for _ in range(400)} <= set("89ab")  # the variant digit
     assert len({new_request_id()[16] for _ in range(400)}) == 4
     assert re.fullmatch(r"[0-9a-f]{32}", Exchange(method="GET", raw_path="/").request_id)
+
+
+# -- headers ------------------------------------------------------------------------------------------
+
+from sidecar.errors import BadRequest  # noqa: E402
+from sidecar.stages import canonicalize  # noqa: E402
+
+
+def _answer(fn: Any, raw: list[tuple[bytes, bytes]]) -> Any:
+    try:
+        return fn(raw)
+    except BadRequest as exc:
+        return ("BadRequest", str(exc))
+
+
+header_names = st.one_of(
+    st.sampled_from([b"host", b"Content-Type", b"content-length", b"Content-Length", b"transfer-encoding",
+                     b"X-API-Key", b"authorization", b"X-Forwarded-For", b"x-envoy-x", b"X-Memwarden-Agent",
+                     b"forwarded", b"x-http-method-override", b"X-Method-Override", b"x-tenant-id", b"a b",
+                     b"x\tb", b"x\x00", b"\x7f", b"caf\xc3\xa9", b"\xff"]),
+    st.binary(max_size=6))
+header_values = st.one_of(
+    st.sampled_from([b"", b"1", b" 1 ", b"2", b"application/json", b"chunked", b"a\tb", b"a\nb", b"\x00",
+                     b"\x7f", b"caf\xc3\xa9", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xf0\x9f\x98\x80", b"\x1b[0m"]),
+    st.binary(max_size=8), st.text(max_size=6).map(lambda t: t.encode("utf-8", "surrogatepass")))
+
+
+@settings(max_examples=4000, deadline=None)
+@given(st.lists(st.tuples(header_names, header_values), max_size=8))
+@example([(b"content-length", b"1"), (b"Content-Length", b" 1 ")])
+@example([(b"x-a", b"\xc3"), (b"x-http-method-override", b"GET")])
+@example([(b"x-http-method-override", b"GET"), (b"x-a", b"\xc3")])
+def test_canonical_headers_answers_as_the_header_by_header_reference(raw: list[tuple[bytes, bytes]]) -> None:
+    assert _answer(canonicalize.canonical_headers, raw) == _answer(canonicalize._reference_headers, raw)
+
+
+def test_canonical_headers_refuses_what_the_reference_refuses() -> None:
+    for raw in ([(b"x-a", b"ok"), (b"x-b", b"bad\x01")], [(b"x\x02", b"v")], [(b"x", b"\xc3")],
+                [(b"x-http-method", b"GET")], [(b"content-length", b"1"), (b"Content-Length", b"2")],
+                [(b"content-length", b"1"), (b"transfer-encoding", b"chunked")]):
+        with pytest.raises(BadRequest) as fast:
+            canonicalize.canonical_headers(raw)
+        with pytest.raises(BadRequest) as ref:
+            canonicalize._reference_headers(raw)
+        assert str(fast.value) == str(ref.value)
+    assert canonicalize.canonical_headers([(b"X-A", b"a\tb"), (b"x-a", b"c"), (b"X-Forwarded-Host", b"h")]) == (
+        {"x-a": ["a\tb", "c"]}, ["x-forwarded-host"])
+
+
+# -- request-level Cedar decisions ---------------------------------------------------------------------
+
+import time as _time  # noqa: E402
+
+from sidecar.errors import Forbidden  # noqa: E402
+from sidecar.governance import Principal, collection_entity, deployment_entity, namespace_entity  # noqa: E402
+from sidecar.policy import PolicyEngine  # noqa: E402
+from sidecar.policy_reload import PolicyHandle, PolicySet  # noqa: E402
+from sidecar.stages.authorize import Authorizer  # noqa: E402
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+class ReferenceHandle(PolicyHandle):
+    """A `PolicyHandle` without `decide_request`: `Authorizer.require` takes the path it took before the
+    keyed memo (`request_batch`, then `decide` with the JSON memo)."""
+
+    decide_request = None  # type: ignore[assignment]
+
+
+def _handle(cls: type, engine: PolicyEngine, shadow: bool) -> Any:
+    h = cls.__new__(cls)
+    h.metrics, h.shadow = Metrics(), shadow
+    h.current = PolicySet(engine, "sha", _time.time(), None, "src")  # type: ignore[arg-type]
+    return h
+
+
+_ENGINES: dict[str, PolicyEngine] = {}
+
+
+def _engine() -> PolicyEngine:
+    if "e" not in _ENGINES:
+        _ENGINES["e"] = PolicyEngine.load(POLICIES)
+    return _ENGINES["e"]
+
+
+principals = st.builds(
+    Principal, st.sampled_from(["agent", "agent", "admin", "operator"]), st.sampled_from(["k1", "k2"]),
+    st.sampled_from(["t", "u", ""]), st.sampled_from(["red", "blue", None]), st.sampled_from(["a", "b", None]),
+    st.integers(0, 3), st.sampled_from([(), ("curator",), ("auditor", "curator")]))
+resources = st.one_of(
+    st.builds(lambda c, t, d: (collection_entity("chroma", c, t, d), [namespace_entity(t, d)]),
+              st.sampled_from(["c1", "c2"]), st.sampled_from(["t", "u"]), st.sampled_from(["db", "db2"])),
+    st.builds(lambda c, t, d: (collection_entity("chroma", c, t, d), None),
+              st.sampled_from(["c1"]), st.sampled_from(["t", "u"]), st.sampled_from(["db"])),
+    st.builds(lambda t, d: (namespace_entity(t, d), None), st.sampled_from(["t", "u"]), st.sampled_from(["db"])),
+    st.builds(lambda d: (deployment_entity(d), None), st.sampled_from(["chroma", "mem0:x"])))
+calls = st.lists(st.tuples(principals, st.sampled_from(["list", "search", "admin", "configure", "manage_tenants",
+                                                        "delete_bulk", "create_collection", "read", "no_such_action"]),
+                           resources), min_size=1, max_size=12)
+SAME_AGENT_OTHER_TRUST = [
+    (Principal("agent", "k1", "t", "red", "a", trust), "delete_bulk",
+     (collection_entity("chroma", "c1", "t", "db"), [namespace_entity("t", "db")])) for trust in (1, 0)]
+
+
+def _required(authz: Authorizer, p: Principal, action: str, resource: Any, extra: Any) -> Any:
+    ex = Exchange(method="POST", raw_path="/")
+    ex.principal = p
+    try:
+        authz.require(ex, action, resource, extra)
+        outcome: Any = "allow"
+    except Forbidden as exc:
+        outcome = ("forbidden", exc.reason, str(exc))
+    return (outcome, ex.action, ex.resource, ex.decision, ex.reason, sorted(ex.policies), sorted(ex.deny_policies),
+            ex.evaluation_errors, ex.would_deny, ex.would_deny_reasons, ex.policy_set is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls, st.booleans())
+@example(SAME_AGENT_OTHER_TRUST, False)
+def test_keyed_request_decisions_answer_and_record_as_the_general_path(sequence: Any, shadow: bool) -> None:
+    engine = _engine()
+    new = _handle(PolicyHandle, engine, shadow)
+    old = _handle(ReferenceHandle, PolicyEngine.load(POLICIES) if shadow else engine, shadow)
+    fast, reference = Authorizer(new, None), Authorizer(old, None)  # type: ignore[arg-type]
+    for _ in range(2):  # the second time from the memo
+        for p, action, (resource, extra) in sequence:
+            assert _required(fast, p, action, resource, extra) == _required(reference, p, action, resource, extra)
+    untimed = lambda m: [x for x in exposition(m).splitlines()  # noqa: E731  (durations are measured)
+                         if not x.startswith(("memwarden_cedar_batch_duration_seconds_bucket",
+                                              "memwarden_cedar_batch_duration_seconds_sum"))]
+    assert untimed(new.metrics) == untimed(old.metrics)
+
+
+def test_a_repeated_request_decision_builds_no_entity_store() -> None:
+    h = _handle(PolicyHandle, PolicyEngine.load(POLICIES), False)
+    built = []
+
+    class Counting(Authorizer):
+        def request_batch(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            built.append(args[1])
+            return Authorizer.request_batch(*args, **kwargs)
+
+    authz = Counting(h, None)  # type: ignore[arg-type]
+    p = Principal("agent", "k1", "t", "red", "a", 2)
+    for _ in range(3):
+        assert _required(authz, p, "list", collection_entity("chroma", "c1", "t", "db"),
+                         [namespace_entity("t", "db")])[0] == "allow"
+    assert built == ["list"]
