@@ -13,7 +13,9 @@ PostgreSQL ledger; then again after a second, larger tenant was written to the s
 
 The load generator is wrk (`apt-get install wrk`) with `bench/post_bodies.lua` cycling pre-built
 bodies: one wrk thread, so it takes little of the machine's cores. Per cell it prints p50/p99 (ms),
-throughput (req/s) and, for memwarden, backend calls per request (from its Prometheus counters);
+throughput (req/s), the CPU time per request of the process answering (``cpu``, ms: Chroma itself for
+direct, the passthrough, each sidecar; user + system from ``/proc/PID/stat`` over the wrk run) and, for
+memwarden, backend calls per request (from its Prometheus counters);
 then the added p50 (memwarden − direct), the throughput ratios memwarden/passthrough and
 memwarden/direct, and whether every plan returned the same ids (checked on 20 bodies per cell).
 
@@ -72,6 +74,12 @@ def wrk(url: str, bodies: Path, key: str, clients: int, seconds: float) -> dict[
     r = json.loads(m.group(1))
     return {"p50": r["p50_us"] / 1000, "p99": r["p99_us"] / 1000, "rps": r["requests"] / (r["duration_us"] / 1e6),
             "errors": r["errors"] + r["non2xx"], "requests": r["requests"]}
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system, all threads) the process `pid` has used so far, in ms (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
 def counters(metrics_url: str) -> tuple[float, float]:
@@ -245,7 +253,9 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
                 targets += [(f"mw:{p}", phase.sidecars[p], phase.agent) for p in plans]
                 for name, server, key in targets:
                     before = counters(server.metrics_url) if server.metrics_url else (0.0, 0.0)
+                    cpu0 = cpu_ms(server.proc.pid)
                     r = wrk(server.url + path, bodies, key, clients, args.seconds)
+                    r["cpu_ms"] = (cpu_ms(server.proc.pid) - cpu0) / max(r["requests"], 1)
                     if server.metrics_url:
                         time.sleep(0.5)  # requests still in flight when wrk stopped finish (and are counted)
                         after = counters(server.metrics_url)
@@ -258,11 +268,12 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
 def print_cell(cell: dict[str, Any], plans: list[str]) -> None:
     d, pt = cell["direct"], cell["passthrough"]
     head = f"{cell['ledger']:<8} {cell['tenants']:<9} {cell['op']:<4} {cell['readable']:>3}% {cell['clients']:>2}c"
-    parts = [f"direct {d['p50']:6.2f}ms {d['rps']:6.0f}/s", f"pass +{pt['p50'] - d['p50']:5.2f}ms {pt['rps'] / d['rps']:4.2f}x"]
+    parts = [f"direct {d['p50']:6.2f}ms {d['rps']:6.0f}/s cpu {d['cpu_ms']:.2f}",
+             f"pass +{pt['p50'] - d['p50']:5.2f}ms {pt['rps'] / d['rps']:4.2f}x cpu {pt['cpu_ms']:.2f}"]
     for p in plans:
         m = cell[f"mw:{p}"]
         parts.append(f"{p} +{m['p50'] - d['p50']:6.2f}ms {m['rps'] / pt['rps']:4.2f}xP {m['rps'] / d['rps']:4.2f}xD "
-                     f"{m['backend_calls']:.2f}calls" + (f" ERR{m['errors']}" if m["errors"] else ""))
+                     f"{m['backend_calls']:.2f}calls cpu {m['cpu_ms']:.2f}" + (f" ERR{m['errors']}" if m["errors"] else ""))
     if not cell["same_answers"]:
         parts.append("ANSWERS DIFFER")
     print(head, " | ".join(parts), flush=True)
@@ -290,7 +301,8 @@ def main() -> None:
         sys.exit("bench/overhead.py needs wrk (apt-get install wrk)")
     print(f"rows={args.rows} dim={args.dim} seconds per cell={args.seconds} big tenant rows={args.big_rows} "
           f"plans={args.plans} cpus={os.cpu_count()}")
-    print("+X.XXms: p50 added over direct; xP / xD: throughput over passthrough / direct; calls: backend calls per request")
+    print("+X.XXms: p50 added over direct; xP / xD: throughput over passthrough / direct; calls: backend calls per request; "
+          "cpu: ms of CPU per request of the answering process")
     results: list[dict[str, Any]] = []
     for ledger in args.ledgers.split(","):
         with tempfile.TemporaryDirectory(prefix="memwarden-bench-") as tmp:
