@@ -9,7 +9,10 @@ PostgreSQL ledger; then again after a second, larger tenant was written to the s
 
     .venv/bin/python bench/overhead.py [--rows 2000] [--dim 384] [--seconds 3] [--ledgers sqlite,postgres]
         [--big-rows 20000] [--ops get,q1,q10,q50] [--clients 1,16] [--readable 100,10,1]
-        [--plans pushdown,...] [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--json out.json]
+        [--plans pushdown,...] [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--json out.json] [--core]
+
+``--core`` adds ``bench/core_passthrough.py`` to every cell: memwarden's own server stack and forward
+stage with no governance (the floor of this code base, between the raw passthrough and memwarden).
 
 The load generator is wrk (`apt-get install wrk`) with `bench/post_bodies.lua` cycling pre-built
 bodies: one wrk thread, so it takes little of the machine's cores. Per cell it prints p50/p99 (ms),
@@ -91,6 +94,17 @@ def counters(metrics_url: str) -> tuple[float, float]:
     return total("memwarden_backend_request_duration_seconds_count"), total("memwarden_requests_total")
 
 
+def start_core(upstream_port: int, root: Path) -> Server:
+    """`bench/core_passthrough.py`: memwarden's server core and forward stage without governance."""
+    port = free_port()
+    log = root / f"core-{port}.log"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, str(HERE / "core_passthrough.py"), "--listen", str(port),
+                             "--upstream", f"http://127.0.0.1:{upstream_port}"], stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return _wait(Server("core", f"http://127.0.0.1:{port}", port, proc, log), "/api/v2/heartbeat", 30)
+
+
 def start_passthrough(upstream_port: int, root: Path) -> Server:
     port = free_port()
     log = root / f"passthrough-{port}.log"
@@ -132,6 +146,9 @@ class Phase:
         led.close()
         self.passthrough = start_passthrough(self.chroma.port, root)
         self.servers.append(self.passthrough)
+        self.core = start_core(self.chroma.port, root) if getattr(args, "core", False) else None
+        if self.core is not None:
+            self.servers.append(self.core)
         self.sidecars: dict[str, Server] = {}
         for plan in args.plans:
             side = start_sidecar(self.chroma.url, root / f"ledger.db", POLICIES,
@@ -249,6 +266,8 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
                 cell: dict[str, Any] = {"ledger": phase.ledger_kind, "tenants": label, "op": op, "readable": pct,
                                         "clients": clients, "same_answers": same}
                 targets = [("direct", phase.chroma, ""), ("passthrough", phase.passthrough, "")]
+                if phase.core is not None:
+                    targets.append(("core", phase.core, ""))
                 plans = args.plans if kind == "query" else args.plans[:1]
                 targets += [(f"mw:{p}", phase.sidecars[p], phase.agent) for p in plans]
                 for name, server, key in targets:
@@ -270,6 +289,9 @@ def print_cell(cell: dict[str, Any], plans: list[str]) -> None:
     head = f"{cell['ledger']:<8} {cell['tenants']:<9} {cell['op']:<4} {cell['readable']:>3}% {cell['clients']:>2}c"
     parts = [f"direct {d['p50']:6.2f}ms {d['rps']:6.0f}/s cpu {d['cpu_ms']:.2f}",
              f"pass +{pt['p50'] - d['p50']:5.2f}ms {pt['rps'] / d['rps']:4.2f}x cpu {pt['cpu_ms']:.2f}"]
+    if "core" in cell:
+        c = cell["core"]
+        parts.append(f"core +{c['p50'] - d['p50']:5.2f}ms {c['rps'] / pt['rps']:4.2f}xP cpu {c['cpu_ms']:.2f}")
     for p in plans:
         m = cell[f"mw:{p}"]
         parts.append(f"{p} +{m['p50'] - d['p50']:6.2f}ms {m['rps'] / pt['rps']:4.2f}xP {m['rps'] / d['rps']:4.2f}xD "
@@ -292,6 +314,8 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--pg", default=os.environ.get("MW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--core", action="store_true",
+                    help="also measure bench/core_passthrough.py (memwarden's server core without governance)")
     args = ap.parse_args()
     args.ops = args.ops.split(",")
     args.clients = [int(x) for x in args.clients.split(",")]
