@@ -24,6 +24,7 @@ from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
+from sidecar.ledger.cache import request_scope
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
@@ -82,6 +83,11 @@ class Pipeline:
                            mode="shadow" if policy.shadow else "enforce")
 
     async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
+        """The stages of one request, in one ledger `request_scope` (the caches' token read once per request)."""
+        with request_scope():
+            return await self._run_stages(ex, scope, receive)
+
+    async def _run_stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
         # 1. canonicalize (target form, path, query, headers; body read under the size and time limits)
         started = time.monotonic()
         canonicalize.check_target(((scope.get("extensions") or {}).get("memwarden") or {}).get("target"))

@@ -29,11 +29,13 @@ so the revocation is still seen by the very next request, without a round trip o
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import os
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from sidecar.governance import Principal
 from sidecar.ledger.base import CollectionRecord
@@ -50,12 +52,42 @@ READ_ONLY = frozenset({
 MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (all dropped when full)
 
 
+class RequestScope:
+    """One request's reading of a `CachingLedger`'s token (see `request_scope`)."""
+
+    __slots__ = ("ledger", "token")
+
+    def __init__(self) -> None:
+        self.ledger: Any = None
+        self.token: Any = None
+
+
+_SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar("memwarden_ledger_request", default=None)
+
+
+@contextmanager
+def request_scope() -> Iterator[RequestScope]:
+    """The extent of one request (`sidecar.pipeline.Pipeline`): in it, a `CachingLedger` made with
+    ``per_request=True`` reads its token (``PRAGMA data_version`` on SQLite) at the request's first
+    lookup, and its later lookups in the same request use that reading while nothing has moved the
+    caches since (no write through the wrapper, no newer token seen by another request). A change
+    committed before the request's first lookup is seen by all of them; one committed during the request
+    is seen from the next request on. Outside a scope every lookup reads the token."""
+    token = _SCOPE.set(RequestScope())
+    try:
+        yield _SCOPE.get()  # type: ignore[misc]
+    finally:
+        _SCOPE.reset(token)
+
+
 class CachingLedger:
     """See the module docstring. `version`: the invalidation token (None: do not cache now)."""
 
-    def __init__(self, inner: Any, version: Callable[[], Any], ttl_s: float = 5.0, cache_keys: bool = True) -> None:
+    def __init__(self, inner: Any, version: Callable[[], Any], ttl_s: float = 5.0, cache_keys: bool = True,
+                 per_request: bool = False) -> None:
         self.inner = inner
         self._version = version
+        self.per_request = per_request  # one token reading per request (`request_scope`)
         self.ttl_s = ttl_s
         self.cache_keys = cache_keys
         self._lock = threading.Lock()
@@ -70,7 +102,12 @@ class CachingLedger:
 
     # -- validity ---------------------------------------------------------------------------
     def _current(self) -> tuple[bool, float]:
-        """(caching allowed now, oldest acceptable entry time); drops everything on a new token."""
+        """(caching allowed now, oldest acceptable entry time); drops everything on a new token. Within a
+        `request_scope` (with `per_request`), the token this request read is used while it is still the
+        caches' token (the very object: nothing dropped or renewed them since)."""
+        scope = _SCOPE.get() if self.per_request else None
+        if scope is not None and scope.ledger is self and scope.token is not None and scope.token is self._token:
+            return True, time.monotonic() - self.ttl_s
         token = self._version()
         now = time.monotonic()
         if token is None:
@@ -83,6 +120,8 @@ class CachingLedger:
                 self._agents.clear()
                 self._verified.clear()
                 self._token = token
+        if scope is not None:
+            scope.ledger, scope.token = self, self._token
         return True, now - self.ttl_s
 
     def clear(self) -> None:

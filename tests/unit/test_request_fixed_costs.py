@@ -373,3 +373,101 @@ def test_a_repeated_request_decision_builds_no_entity_store() -> None:
         assert _required(authz, p, "list", collection_entity("chroma", "c1", "t", "db"),
                          [namespace_entity("t", "db")])[0] == "allow"
     assert built == ["list"]
+
+
+# -- one token reading per request (SQLite) -----------------------------------------------------------
+
+from sidecar.ledger.cache import request_scope  # noqa: E402
+
+
+def _counted(raw: SQLiteLedger) -> tuple[Any, list[Any]]:
+    readings: list[Any] = []
+
+    def version() -> Any:
+        readings.append(raw.cache_version())
+        return readings[-1]
+    return version, readings
+
+
+def _keyed_ledger(tmp_path: Path, per_request: bool = True) -> tuple[SQLiteLedger, CachingLedger, list[Any], Any, str]:
+    raw = SQLiteLedger(tmp_path / "l.db")
+    version, readings = _counted(raw)
+    cached = CachingLedger(InstrumentedLedger(raw, Metrics()), version, ttl_s=3600, per_request=per_request)
+    rec, key = raw.create_key("agent", "t", "red", "a", 1)
+    raw.register_collection(CollectionRecord("chroma", "c1", "t", "db", "c", "t/admin", now_us()))
+    return raw, cached, readings, rec, key
+
+
+def test_a_request_reads_the_token_once_and_the_next_request_sees_a_revocation(tmp_path: Path) -> None:
+    raw, cached, readings, rec, key = _keyed_ledger(tmp_path)
+    with request_scope():
+        assert cached.authenticate(key) is not None
+        assert cached.get_collection("chroma", "c1") is not None
+        assert cached.agent_entities({"t/red/a"})
+        assert cached.authenticate(key) is not None
+    assert len(readings) == 1
+    SQLiteLedger(tmp_path / "l.db").revoke_key(rec.key_id)  # another process
+    with request_scope():
+        assert cached.authenticate(key) is None  # the very next request
+    SQLiteLedger(tmp_path / "l.db").delete_collection("chroma", "c1", "t/admin", "r")
+    with request_scope():
+        assert cached.get_collection("chroma", "c1") is None
+    assert len(readings) == 3
+
+
+def test_outside_a_request_or_without_per_request_every_lookup_reads_the_token(tmp_path: Path) -> None:
+    raw, cached, readings, rec, key = _keyed_ledger(tmp_path)
+    assert cached.authenticate(key) is not None and cached.get_collection("chroma", "c1") is not None
+    assert len(readings) == 2
+    raw2, cached2, readings2, rec2, key2 = _keyed_ledger(tmp_path / "b", per_request=False)
+    with request_scope():
+        assert cached2.authenticate(key2) is not None and cached2.get_collection("chroma", "c1") is not None
+    assert len(readings2) == 2
+
+
+def test_a_write_through_the_cache_in_a_request_makes_its_next_lookup_read_again(tmp_path: Path) -> None:
+    raw, cached, readings, rec, key = _keyed_ledger(tmp_path)
+    with request_scope():
+        assert cached.authenticate(key) is not None
+        assert cached.revoke_key(rec.key_id)  # a write: the caches are dropped
+        assert cached.authenticate(key) is None
+    assert len(readings) == 2
+
+
+def test_a_newer_token_seen_by_another_request_ends_this_requests_reading(tmp_path: Path) -> None:
+    raw, cached, readings, rec, key = _keyed_ledger(tmp_path)
+    with request_scope():
+        assert cached.authenticate(key) is not None
+        SQLiteLedger(tmp_path / "l.db").revoke_key(rec.key_id)
+        with request_scope():  # another request (its own scope) reads the new token
+            assert cached.authenticate(key) is None
+        assert cached.authenticate(key) is None  # the caches it read from were dropped: read again
+    assert len(readings) == 3
+
+
+def test_requests_on_one_event_loop_have_their_own_readings(tmp_path: Path) -> None:
+    """Concurrent requests (tasks) do not share a reading: each task's scope is its own."""
+    import asyncio
+
+    raw, cached, readings, rec, key = _keyed_ledger(tmp_path)
+    go = asyncio.Event()
+
+    async def first() -> Any:
+        with request_scope():
+            ok = cached.authenticate(key) is not None
+            await go.wait()
+            return ok, cached.get_collection("chroma", "c1")
+
+    async def second() -> Any:
+        with request_scope():
+            SQLiteLedger(tmp_path / "l.db").delete_collection("chroma", "c1", "t/admin", "r")
+            found = cached.get_collection("chroma", "c1")
+            go.set()
+            return found
+
+    async def both() -> Any:
+        return await asyncio.gather(first(), second())
+
+    (ok, seen_by_first), seen_by_second = asyncio.run(both())
+    assert ok and seen_by_second is None and seen_by_first is None  # the first's reading was superseded
+    assert len(readings) == 3
