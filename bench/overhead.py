@@ -9,11 +9,16 @@ PostgreSQL ledger; then again after a second, larger tenant was written to the s
 
     .venv/bin/python bench/overhead.py [--rows 2000] [--dim 384] [--seconds 3] [--ledgers sqlite,postgres]
         [--big-rows 20000] [--ops get,q1,q10,q50] [--clients 1,16] [--readable 100,10,1]
-        [--plans pushdown,...] [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--json out.json]
+        [--plans pushdown,...] [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--json out.json] [--core]
+
+``--core`` adds ``bench/core_passthrough.py`` to every cell: memwarden's own server stack and forward
+stage with no governance (the floor of this code base, between the raw passthrough and memwarden).
 
 The load generator is wrk (`apt-get install wrk`) with `bench/post_bodies.lua` cycling pre-built
 bodies: one wrk thread, so it takes little of the machine's cores. Per cell it prints p50/p99 (ms),
-throughput (req/s) and, for memwarden, backend calls per request (from its Prometheus counters);
+throughput (req/s), the CPU time per request of the process answering (``cpu``, ms: Chroma itself for
+direct, the passthrough, each sidecar; user + system from ``/proc/PID/stat`` over the wrk run) and, for
+memwarden, backend calls per request (from its Prometheus counters);
 then the added p50 (memwarden − direct), the throughput ratios memwarden/passthrough and
 memwarden/direct, and whether every plan returned the same ids (checked on 20 bodies per cell).
 
@@ -74,6 +79,12 @@ def wrk(url: str, bodies: Path, key: str, clients: int, seconds: float) -> dict[
             "errors": r["errors"] + r["non2xx"], "requests": r["requests"]}
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system, all threads) the process `pid` has used so far, in ms (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def counters(metrics_url: str) -> tuple[float, float]:
     """(backend calls, requests) the sidecar counted so far."""
     text = httpx.get(metrics_url, timeout=10, trust_env=False).text
@@ -81,6 +92,17 @@ def counters(metrics_url: str) -> tuple[float, float]:
     def total(name: str) -> float:
         return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
     return total("memwarden_backend_request_duration_seconds_count"), total("memwarden_requests_total")
+
+
+def start_core(upstream_port: int, root: Path) -> Server:
+    """`bench/core_passthrough.py`: memwarden's server core and forward stage without governance."""
+    port = free_port()
+    log = root / f"core-{port}.log"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, str(HERE / "core_passthrough.py"), "--listen", str(port),
+                             "--upstream", f"http://127.0.0.1:{upstream_port}"], stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return _wait(Server("core", f"http://127.0.0.1:{port}", port, proc, log), "/api/v2/heartbeat", 30)
 
 
 def start_passthrough(upstream_port: int, root: Path) -> Server:
@@ -124,6 +146,9 @@ class Phase:
         led.close()
         self.passthrough = start_passthrough(self.chroma.port, root)
         self.servers.append(self.passthrough)
+        self.core = start_core(self.chroma.port, root) if getattr(args, "core", False) else None
+        if self.core is not None:
+            self.servers.append(self.core)
         self.sidecars: dict[str, Server] = {}
         for plan in args.plans:
             side = start_sidecar(self.chroma.url, root / f"ledger.db", POLICIES,
@@ -241,11 +266,15 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
                 cell: dict[str, Any] = {"ledger": phase.ledger_kind, "tenants": label, "op": op, "readable": pct,
                                         "clients": clients, "same_answers": same}
                 targets = [("direct", phase.chroma, ""), ("passthrough", phase.passthrough, "")]
+                if phase.core is not None:
+                    targets.append(("core", phase.core, ""))
                 plans = args.plans if kind == "query" else args.plans[:1]
                 targets += [(f"mw:{p}", phase.sidecars[p], phase.agent) for p in plans]
                 for name, server, key in targets:
                     before = counters(server.metrics_url) if server.metrics_url else (0.0, 0.0)
+                    cpu0 = cpu_ms(server.proc.pid)
                     r = wrk(server.url + path, bodies, key, clients, args.seconds)
+                    r["cpu_ms"] = (cpu_ms(server.proc.pid) - cpu0) / max(r["requests"], 1)
                     if server.metrics_url:
                         time.sleep(0.5)  # requests still in flight when wrk stopped finish (and are counted)
                         after = counters(server.metrics_url)
@@ -258,11 +287,15 @@ def run_matrix(phase: Phase, label: str, results: list[dict[str, Any]]) -> None:
 def print_cell(cell: dict[str, Any], plans: list[str]) -> None:
     d, pt = cell["direct"], cell["passthrough"]
     head = f"{cell['ledger']:<8} {cell['tenants']:<9} {cell['op']:<4} {cell['readable']:>3}% {cell['clients']:>2}c"
-    parts = [f"direct {d['p50']:6.2f}ms {d['rps']:6.0f}/s", f"pass +{pt['p50'] - d['p50']:5.2f}ms {pt['rps'] / d['rps']:4.2f}x"]
+    parts = [f"direct {d['p50']:6.2f}ms {d['rps']:6.0f}/s cpu {d['cpu_ms']:.2f}",
+             f"pass +{pt['p50'] - d['p50']:5.2f}ms {pt['rps'] / d['rps']:4.2f}x cpu {pt['cpu_ms']:.2f}"]
+    if "core" in cell:
+        c = cell["core"]
+        parts.append(f"core +{c['p50'] - d['p50']:5.2f}ms {c['rps'] / pt['rps']:4.2f}xP cpu {c['cpu_ms']:.2f}")
     for p in plans:
         m = cell[f"mw:{p}"]
         parts.append(f"{p} +{m['p50'] - d['p50']:6.2f}ms {m['rps'] / pt['rps']:4.2f}xP {m['rps'] / d['rps']:4.2f}xD "
-                     f"{m['backend_calls']:.2f}calls" + (f" ERR{m['errors']}" if m["errors"] else ""))
+                     f"{m['backend_calls']:.2f}calls cpu {m['cpu_ms']:.2f}" + (f" ERR{m['errors']}" if m["errors"] else ""))
     if not cell["same_answers"]:
         parts.append("ANSWERS DIFFER")
     print(head, " | ".join(parts), flush=True)
@@ -281,6 +314,8 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--pg", default=os.environ.get("MW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--core", action="store_true",
+                    help="also measure bench/core_passthrough.py (memwarden's server core without governance)")
     args = ap.parse_args()
     args.ops = args.ops.split(",")
     args.clients = [int(x) for x in args.clients.split(",")]
@@ -290,7 +325,8 @@ def main() -> None:
         sys.exit("bench/overhead.py needs wrk (apt-get install wrk)")
     print(f"rows={args.rows} dim={args.dim} seconds per cell={args.seconds} big tenant rows={args.big_rows} "
           f"plans={args.plans} cpus={os.cpu_count()}")
-    print("+X.XXms: p50 added over direct; xP / xD: throughput over passthrough / direct; calls: backend calls per request")
+    print("+X.XXms: p50 added over direct; xP / xD: throughput over passthrough / direct; calls: backend calls per request; "
+          "cpu: ms of CPU per request of the answering process")
     results: list[dict[str, Any]] = []
     for ledger in args.ledgers.split(","):
         with tempfile.TemporaryDirectory(prefix="memwarden-bench-") as tmp:

@@ -34,11 +34,6 @@ import overhead  # noqa: E402  (bench/overhead.py: Phase, seeding, bodies)
 from sidecar.harness import start_sidecar  # noqa: E402
 
 
-def cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
-
-
 def wrk(url: str, bodies: Path, key: str, clients: int, seconds: int) -> tuple[int, float, float]:
     out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--latency", "--timeout", "30s", "-s",
                           str(overhead.LUA), url, "--", str(bodies), key],
@@ -96,9 +91,9 @@ def main() -> None:
                     runs: dict[str, list[tuple[float, float, float]]] = {}
                     for _ in range(args.rounds):
                         for name, server, key, pid in targets:
-                            c0 = cpu_ms(pid) if pid else 0.0
+                            c0 = overhead.cpu_ms(pid) if pid else 0.0
                             n, p50, rps = wrk(server.url + path, bodies, key, clients, args.seconds)
-                            cpu = (cpu_ms(pid) - c0) / max(n, 1) if pid else float("nan")
+                            cpu = (overhead.cpu_ms(pid) - c0) / max(n, 1) if pid else float("nan")
                             runs.setdefault(name, []).append((p50, rps, cpu))
                     for name, v in runs.items():
                         cpu = statistics.median(x[2] for x in v)

@@ -213,21 +213,28 @@ class PipelineMiddleware:
             status, body, ex = await self.pipeline.run(dict(scope), receive)
         finally:
             self.inflight -= 1
-        if self.metrics is not None:
-            try:
-                self.metrics.observe_exchange(ex, status)
-            except Exception:  # metrics never change the answer already decided
-                pass
         try:
             payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         except (ValueError, TypeError, RecursionError):  # never a partial body: no rows at all
             status, payload = 500, b'{"error":"internal","message":"internal error"}'
+            ex.decision, ex.reason = "error", "internal_error"
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                    (b"x-request-id", ex.request_id.encode())]
         if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
             headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
+        finally:
+            # The decision event and the metrics come after the answer has been handed to the connection
+            # (uvicorn's send writes to the socket before returning), off the caller's wait; also when the
+            # client went away mid-send. Neither can change the answer.
+            self.pipeline.record(ex, status)
+            if self.metrics is not None:
+                try:
+                    self.metrics.observe_exchange(ex, status)
+                except Exception:  # metrics never change the answer already decided
+                    pass
 
 
 def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:

@@ -152,8 +152,13 @@ def serve(
     limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
                               max_connections=settings.max_connections)
     try:
+        # proxy_headers=False: memwarden reads neither the peer address nor the scheme, and a forwarded
+        # header is an identity claim it strips (`canonicalize.IDENTITY_HEADER_PREFIXES`), so uvicorn's
+        # ProxyHeadersMiddleware (a layer per request) has nothing to do; server_header=False: no
+        # ``server: uvicorn`` on every answer (RFC 9110 §10.2.4 makes it optional).
         uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False,
-                    http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)))
+                    http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)),
+                    proxy_headers=False, server_header=False)
     finally:
         if stop_metrics is not None:
             stop_metrics()

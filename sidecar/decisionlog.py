@@ -4,7 +4,8 @@ decision event itself is written by `writer`, without the bound logger).
 Fields (event ``decision``):
 
 - ``request_id``, ``principal`` (Cedar uid), ``key_id``, ``method``, ``operation``, ``action``,
-  ``resource`` (the request-level resource), ``status`` (HTTP), ``latency_us``, ``stripped_headers``;
+  ``resource`` (the request-level resource), ``status`` (HTTP, as sent), ``latency_us`` (from the request's
+  arrival to the response handed to the connection; the event is written after it), ``stripped_headers``;
 - ``decision`` — ``allow`` (served as the policies allowed), ``deny`` (refused by memwarden: not
   authenticated, Cedar's Deny, an unknown or hidden row or collection, an unmapped or blocked route)
   or ``error`` (not an access decision: bad request, conflict, body too large, backend failure or the

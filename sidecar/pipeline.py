@@ -53,7 +53,8 @@ class Pipeline:
         self.body_timeout_s = body_timeout_s
 
     async def run(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, Exchange]:
-        """Process one ASGI HTTP request; returns (status, JSON body, exchange)."""
+        """Process one ASGI HTTP request; returns (status, JSON body, exchange). Never raises. The decision
+        event is not emitted here: the caller emits it with `record` once the answer is sent."""
         ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
         try:
             status, body = await self._stages(ex, scope, receive)
@@ -69,10 +70,16 @@ class Pipeline:
             log.exception("pipeline_error", request_id=ex.request_id)
             status, body = 500, {"error": "internal", "message": "internal error"}
             ex.decision, ex.reason = "error", "internal_error"
+        return status, body, ex
+
+    def record(self, ex: Exchange, status: int) -> None:
+        """Emit the decision event of `ex` answered `status` (`sidecar.decisionlog.record`), under the policy
+        set the request was decided by (the current one if it never reached Cedar). The server entry
+        (`sidecar.app.PipelineMiddleware`) calls it once per request, after the response was handed to the
+        connection, with the status actually sent."""
         policy = self.authz.policy
         decisionlog.record(ex, status, policy_sha256=(ex.policy_set or policy.current).sha256,
                            mode="shadow" if policy.shadow else "enforce")
-        return status, body, ex
 
     async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
         # 1. canonicalize (target form, path, query, headers; body read under the size and time limits)

@@ -59,6 +59,8 @@ def test_absolute_form_and_fragments_are_refused(stack: Stack, target: str) -> N
     origin = raw_request(stack.sidecar.port, f"GET /api/v2/auth/identity HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n"
                          "Connection: close\r\n\r\n".encode())
     assert status_of(origin) == 200  # the same request in origin-form is served
+    head = origin.split(b"\r\n\r\n")[0].lower()
+    assert b"\r\nserver:" not in head and b"\r\ndate:" in head  # no server banner; Date (RFC 9110 §6.6.1) kept
     req = (f"GET {target.format(port=stack.sidecar.port)} HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n"
            "Connection: close\r\n\r\n").encode()
     answer = raw_request(stack.sidecar.port, req)

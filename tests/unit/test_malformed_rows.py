@@ -91,10 +91,17 @@ def test_a_body_the_encoder_refuses_is_500_without_rows() -> None:
     """Defence in depth: whatever reaches the response encoder and fails is a 500 with no body rows."""
     from sidecar.app import PipelineMiddleware
 
+    recorded: list[tuple[Any, int]] = []
+
     class Boom:
         async def run(self, scope: Any, receive: Any) -> Any:
             from sidecar.exchange import Exchange
-            return 200, {"rows": [float("nan")]}, Exchange("GET", "/")
+            ex = Exchange("GET", "/")
+            ex.decision = "allow"
+            return 200, {"rows": [float("nan")]}, ex
+
+        def record(self, ex: Any, status: int) -> None:
+            recorded.append((ex, status))
 
     sent: list[Any] = []
     mw = PipelineMiddleware(lambda *a: None, Boom())  # type: ignore[arg-type]
@@ -105,3 +112,6 @@ def test_a_body_the_encoder_refuses_is_500_without_rows() -> None:
     import asyncio
     asyncio.run(mw({"type": "http", "raw_path": b"/x", "path": "/x"}, None, send))
     assert sent[0]["status"] == 500 and b"rows" not in sent[1]["body"]
+    # the decision event is that of the answer sent: a 500, an error, not the 200 the pipeline decided
+    [(ex, status)] = recorded
+    assert status == 500 and (ex.decision, ex.reason) == ("error", "internal_error")
