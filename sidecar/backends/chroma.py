@@ -38,7 +38,7 @@ from sidecar.planner import QueryPlanner
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
-from sidecar.stages.canonicalize import check_filter_size
+from sidecar.stages.canonicalize import check_filter_size, well_formed
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
@@ -262,10 +262,22 @@ def _nonneg_int(value: Any, name: str, default: int | None) -> int | None:
     return value
 
 
+def _columns(resp: dict[str, Any], n: int) -> dict[str, list[Any]]:
+    """The columns of a Chroma result that rows are made of: its lists of length n, but ``included``."""
+    return {k: v for k, v in resp.items() if isinstance(v, list) and len(v) == n and k != "included"}
+
+
 def _columns_to_rows(resp: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """Chroma's columnar get result → one dict per row (only list columns of length n)."""
-    cols = {k: v for k, v in resp.items() if isinstance(v, list) and len(v) == n and k != "included"}
-    return [{k: v[i] for k, v in cols.items()} for i in range(n)]
+    return _rows_of(_columns(resp, n), n)
+
+
+def _rows_of(cols: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
+    """One dict per row of `cols` (`_columns`: lists of length n), keys in column order."""
+    if not cols:
+        return [{} for _ in range(n)]
+    names = list(cols)
+    return [dict(zip(names, values)) for values in zip(*cols.values())]
 
 
 class ChromaProfile:
@@ -834,8 +846,18 @@ class ChromaProfile:
         self.prov.decorate(ex, rec.collection_id, rows, id_key="ids", meta_key="metadatas")
 
     def _rows(self, ex: Exchange, resp: dict[str, Any], n: int) -> list[dict[str, Any]]:
-        """`_columns_to_rows`, without the rows whose shape cannot be served (`well_formed_rows`)."""
-        return well_formed_rows(ex, BACKEND, _columns_to_rows(resp, n), lambda r: r.get("ids"), self.settings.max_json_depth + 1)
+        """`_columns_to_rows`, without the rows whose shape cannot be served (`well_formed_rows`).
+
+        When every id is a non-empty ``str`` and the row columns as a whole are `well_formed` one level
+        deeper (a row holds the columns' items one level up: a column passes exactly when each of its
+        items passes in its row), every row is, and none is checked on its own; otherwise each row is."""
+        depth = self.settings.max_json_depth + 1
+        cols = _columns(resp, n)
+        rows = _rows_of(cols, n)
+        ids = cols.get("ids")
+        if ids is not None and all(type(i) is str and i for i in ids) and well_formed(cols, depth + 1):
+            return rows
+        return well_formed_rows(ex, BACKEND, rows, lambda r: r.get("ids"), depth)
 
     def _check_filters(self, body: dict[str, Any]) -> None:
         for name in ("where", "where_document"):

@@ -33,7 +33,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import psycopg
 import psycopg.sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
@@ -53,7 +53,9 @@ from sidecar.ledger.sqlite import (
     _closure_tombstone,
     _reset,
     _reset_done,
+    _names,
     _row_from_db,
+    _row_from_tuple,
     _row_to_db,
     _walk_lineage,
 )
@@ -164,6 +166,11 @@ _READ_ROWS = (
     "LEFT JOIN (rows AS r LEFT JOIN agents AS a ON a.agent_uid = r.owner) "
     "ON r.backend = %(backend)s AND r.collection_id = %(collection)s AND r.row_id = ANY(%(ids)s)"
 )
+
+
+# Positions in a `_READ_ROWS` tuple: key_ok, then the row's `_ROW_COLUMNS` (row_id third), then the owner's
+# agent (tenant, fleet, agent, trust, roles).
+_ROW_ID, _AGENT = 3, 1 + _N_ROW_COLUMNS
 
 
 def _drop_pool(pool: AsyncConnectionPool) -> None:
@@ -369,8 +376,9 @@ class PostgresLedger:
         whether the API key `key_id` exists and is not revoked now (True when `key_id` is None). Returns
         (rows by id, owners by agent uid, key valid). Raises psycopg ``OperationalError`` as above."""
         async with self._aconn() as db:
-            cur = await db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
-                                                "ids": list(dict.fromkeys(row_ids))})
+            cur = db.cursor(row_factory=tuple_row)
+            await cur.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
+                                           "ids": list(dict.fromkeys(row_ids))})
             result = await cur.fetchall()
         return self._read_rows_result(result, key_id)
 
@@ -378,23 +386,27 @@ class PostgresLedger:
                   ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
         """`read_rows_async` on the synchronous pool (the same one statement)."""
         with self._conn() as db:
-            result = db.execute(_READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
-                                             "ids": list(dict.fromkeys(row_ids))}).fetchall()
+            result = db.cursor(row_factory=tuple_row).execute(
+                _READ_ROWS, {"key": key_id, "backend": backend, "collection": collection_id,
+                             "ids": list(dict.fromkeys(row_ids))}).fetchall()
         return self._read_rows_result(result, key_id)
 
     @staticmethod
-    def _read_rows_result(result: list[dict[str, Any]], key_id: str | None
+    def _read_rows_result(result: list[tuple[Any, ...]], key_id: str | None
                           ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        """`_READ_ROWS`'s plain tuples (key_ok, the `_ROW_COLUMNS`, the owner's agent columns) read by
+        position: rows by `_row_from_tuple`, as `SQLiteLedger.get_rows` builds them (the same `Row` as
+        `_row_from_db` by name: `tests/unit/test_ledger_rows_fast.py`)."""
         rows: dict[str, Row] = {}
         owners: dict[str, dict[str, Any]] = {}
-        key_ok = bool(result[0]["key_ok"]) if result else key_id is None
-        for r in result:
-            if r["row_id"] is None:
+        key_ok = bool(result[0][0]) if result else key_id is None
+        for t in result:
+            if t[_ROW_ID] is None:  # no row of the batch (the key check's row alone)
                 continue
-            rows[r["row_id"]] = _row_from_db(r)
-            if r["a_tenant"] is not None:
-                owners[r["owner"]] = agent_entity(r["a_tenant"], r["a_fleet"], r["a_agent"], r["a_trust"],
-                                                  tuple(json.loads(r["a_roles"])))
+            row = rows[t[_ROW_ID]] = _row_from_tuple(t[1:_AGENT])
+            if t[_AGENT] is not None:
+                owners[row.owner] = agent_entity(t[_AGENT], t[_AGENT + 1], t[_AGENT + 2], t[_AGENT + 3],
+                                                 _names(t[_AGENT + 4]))
         return rows, owners, key_ok
 
     # -- cache invalidation (sidecar.ledger.cache) ------------------------------------------

@@ -262,15 +262,24 @@ class Authorizer:
             return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts, self.owners(ex, rows)))
         p = ex.principal
         owners = self.owners(ex, rows)
-        owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if "owner" in attrs else {}
+        by_owner = "owner" in attrs
+        owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if by_owner else {}
         head = (p.kind, p.uid, p.trust, p.roles, action)
-        keys = [(head, class_key(row, attrs, owner_keys)) for row in rows]
         memo: dict[Any, Decision] = engine.class_memo
-        known = {k: memo[k] for k in dict.fromkeys(keys) if k in memo}
+        keys: list[Any] = []
+        known: dict[Any, Decision] = {}
         wanted: dict[Any, Row] = {}
-        for k, row in zip(keys, rows):
-            if k not in known and k not in wanted:
+        for row in rows:
+            values = class_values(row, attrs)
+            k = (head, values + (owner_keys.get(row.owner),) if by_owner else values)
+            keys.append(k)
+            if k in known or k in wanted:
+                continue
+            d = memo.get(k)
+            if d is None:
                 wanted[k] = row
+            else:
+                known[k] = d
         if wanted:
             reps = list(wanted.values())
             requests, entities = self.row_batch(p, action, reps, None, owners, extra_rows=rows)
@@ -281,7 +290,28 @@ class Authorizer:
                         memo.clear()
                     memo[k] = d
         decisions = [known[k] for k in keys]
-        return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
+        return self._record_rows(ex, p, action, rows, decisions)
+
+    def _record_rows(self, ex: Exchange, p: Principal, action: str, rows: list[Row], decisions: list[Decision]
+                     ) -> list[Decision]:
+        """`_record` of `decisions` (one per row of `rows`, asked as `p` for `action`), without building the
+        rows' Cedar requests when no decision has an evaluation error or a shadow would-deny (then `_record`
+        reads only the decisions: their policies, and the reason of the latest denial). Returns `decisions`."""
+        if any(d.errors or d.would_deny for d in decisions):
+            return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
+        latest_denial: Decision | None = None
+        distinct: dict[int, Decision] = {}
+        for d in decisions:
+            distinct[id(d)] = d  # rows of one class share their Decision object
+            if not d.allowed:
+                latest_denial = d
+        for d in distinct.values():
+            ex.policies.update(d.policies)
+            if not d.allowed:
+                ex.deny_policies.update(d.policies or d.error_policies)
+        if latest_denial is not None:
+            ex.reason = latest_denial.reason
+        return decisions
 
     async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str], always: bool = False) -> None:
         """Read the ledger rows of `row_ids` and their owners' agent entities in one ledger round trip
@@ -371,27 +401,37 @@ class Authorizer:
             known = self.ledger.get_rows(backend, collection_id, row_ids)
         if count:
             ex.ledger_rows.update(((backend, collection_id, i), r) for i, r in known.items())
-        unique = list(dict.fromkeys(row_ids))
-        candidates = [known[i] for i in unique if i in known and servable(known[i], include_superseded, as_of)]
+        # One pass over the ids: the servable rows go to Cedar; every other id is withheld with its reason.
+        candidates: list[Row] = []
+        withheld: list[str] = []
+        for i in dict.fromkeys(row_ids):
+            row = known.get(i)
+            if row is None:
+                withheld.append(UNKNOWN_ROW)
+            elif servable(row, include_superseded, as_of):
+                candidates.append(row)
+            else:
+                withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
         decisions = self.decide_rows(ex, "read", candidates)
         allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
-        withheld = [i for i in unique if i not in known or not servable(known[i], include_superseded, as_of)]
-        for i in withheld:
-            ex.reason = UNKNOWN_ROW if i not in known else (
-                SUPERSEDED_ROW if known[i].status == "superseded" else DELETED_ROW)
-            if count:
-                tally(ex.row_deny_reasons, ex.reason)
+        if withheld:
+            ex.reason = withheld[-1]
         if count:
+            reasons = ex.row_deny_reasons
+            for reason in withheld:
+                reasons[reason] = reasons.get(reason, 0) + 1
             ex.rows_allowed += len(allowed)
-            for row, d in zip(candidates, decisions):
-                if not d.allowed:
-                    ex.rows_denied += 1
-                    tally(ex.row_deny_reasons, d.reason)
-            ex.rows_unknown += sum(1 for i in withheld if i not in known)
-            ex.rows_hidden_superseded += sum(1 for i in withheld if i in known and known[i].status == "superseded")
-            ex.rows_hidden_deleted += sum(1 for i in withheld if i in known and known[i].status != "superseded")
+            if len(allowed) < len(candidates):
+                for d in decisions:
+                    if not d.allowed:
+                        ex.rows_denied += 1
+                        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+            if withheld:
+                unknown, superseded = withheld.count(UNKNOWN_ROW), withheld.count(SUPERSEDED_ROW)
+                ex.rows_unknown += unknown
+                ex.rows_hidden_superseded += superseded
+                ex.rows_hidden_deleted += len(withheld) - unknown - superseded
         return allowed
-
 
 CLASS_MEMO_SIZE = 65536  # class decisions kept per policy set (cleared when full)
 
@@ -400,14 +440,57 @@ def class_key(row: Row, attrs: frozenset[str], owner_keys: dict[str, str]) -> tu
     """A row's governance class under a policy set that reads `attrs` of the resource: the values of
     those attributes in the row's Cedar entity (absent ones as a marker), its ancestors (fleet and
     tenant) and, when ``owner`` is read, the owner's entity data (`owner_keys`: agent id → JSON)."""
+    values = _class_values(row, attrs)
+    return values + (owner_keys.get(row.owner),) if "owner" in attrs else values
+
+
+def _class_values(row: Row, attrs: frozenset[str]) -> tuple[Any, ...]:
+    """`class_key` without the owner's entity data."""
     entity = row.entity()["attrs"]
     values: list[Any] = [row.tenant, row.fleet]
     for name in sorted(attrs):
         value = entity.get(name, _ABSENT)
         values.append(value if isinstance(value, (str, int, bool)) else canonical_json(value))
-    if "owner" in attrs:
-        values.append(owner_keys.get(row.owner))
     return tuple(values)
+
+
+CLASS_VALUES_SIZE = 65536  # `class_values` answers kept (cleared when full)
+_CLASS_VALUES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def class_values(row: Row, attrs: frozenset[str]) -> tuple[Any, ...]:
+    """`_class_values(row, attrs)` (`class_key` without the owner's data), kept per (`attrs`, the row fields its
+    Cedar entity is made of: tenant, fleet, owner, scope, status, readers, labels, subject, predicate, object),
+    so rows of one class do not each build their entity and its JSON. Kept only for a row with no Cedar
+    attributes in `extra` and whose fields are exact ``str`` (the triple's may be None; readers and labels
+    tuples of ``str``), where equal fields mean an equal entity: any other row is computed afresh."""
+    extra = row.extra
+    if type(extra) is not dict or extra.get("cedar"):
+        return _class_values(row, attrs)
+    fields = (attrs, row.tenant, row.fleet, row.owner, row.scope, row.status, row.readers, row.labels,
+              row.subject, row.predicate, row.object)
+    try:
+        hit = _CLASS_VALUES.get(fields)
+    except TypeError:  # an unhashable field (a list): not a ledger row's shape
+        return _class_values(row, attrs)
+    if hit is not None:
+        return hit
+    values = _class_values(row, attrs)
+    if _plain(fields):
+        if len(_CLASS_VALUES) >= CLASS_VALUES_SIZE:
+            _CLASS_VALUES.clear()
+        _CLASS_VALUES[fields] = values
+    return values
+
+
+def _plain(fields: tuple[Any, ...]) -> bool:
+    """Whether `class_values`' fields are exact ``str`` (the triple's may be None; readers and labels tuples of
+    ``str``): values Python compares equal only when their JSON is the same."""
+    _, tenant, fleet, owner, scope, status, readers, labels, subject, predicate, obj = fields
+    return (type(tenant) is str and type(fleet) is str and type(owner) is str and type(scope) is str
+            and type(status) is str and type(readers) is tuple and type(labels) is tuple
+            and all(type(x) is str for x in readers) and all(type(x) is str for x in labels)
+            and all(x is None or type(x) is str for x in (subject, predicate, obj)))
 
 
 _ABSENT = "\x00absent"

@@ -216,7 +216,14 @@ def _walk(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Obse
                      for r, d in zip(requests, decisions))
         return real(self, ex, requests, decisions)
 
+    real_rows = Authorizer._record_rows  # class answers recorded without building per-row requests
+
+    def spy_rows(self: Authorizer, ex: Any, p: Any, action: str, rows: list[Any], decisions: list[Any]) -> Any:
+        calls.extend((p.uid[0], action, r.uid[0], r.uid[1], d.allowed) for r, d in zip(rows, decisions))
+        return real_rows(self, ex, p, action, rows, decisions)
+
     monkeypatch.setattr(Authorizer, "_record", spy)
+    monkeypatch.setattr(Authorizer, "_record_rows", spy_rows)
     observed: Observed = {}
     n = 0
     for label, method, path, query, body in _cases(profile):
