@@ -145,11 +145,15 @@ class Http1Transport(httpx.AsyncBaseTransport):
             self._idle.clear()
             self._slots = asyncio.Semaphore(self._max)
             self._loop = loop
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+        slots = self._slots
+        if slots.locked():  # every connection busy (or others waiting first): wait, at most the pool timeout
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+        else:
+            await slots.acquire()  # returns at once (no suspension), so no timeout context is needed
         try:
             for attempt in (0, 1):
                 conn = await self._connection(request, host, port, timeouts.get("connect"))
@@ -221,8 +225,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
             conn.writer.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 conn.writer.write(body)
-            async with asyncio.timeout(timeouts.get("write")):
-                await conn.writer.drain()
+            transport = conn.writer.transport
+            # `drain` waits only while the transport's buffer is over its high-water mark, and raises
+            # only once the transport is closing (a failed send closes it): with the buffer empty and the
+            # transport open there is nothing to wait for and nothing to raise — skip it and its timeout.
+            if transport.get_write_buffer_size() or transport.is_closing():
+                async with asyncio.timeout(timeouts.get("write")):
+                    await conn.writer.drain()
         except TimeoutError as exc:
             raise httpx.WriteTimeout("backend write timed out", request=request) from exc
         except OSError as exc:
