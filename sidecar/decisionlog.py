@@ -31,8 +31,10 @@ Memory content, query text, filters and keys are never logged.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,12 +58,39 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> st
         return json.dumps(obj, default=default)
 
 
+class IsoUtcStamper:
+    """structlog processor: the event's ``timestamp``, the current UTC time as structlog's
+    ``TimeStamper(fmt="iso", utc=True)`` writes it (``datetime.now(timezone.utc).isoformat()`` with
+    ``+00:00`` as ``Z``: ``2026-12-02T13:32:57.123456Z``, no fraction when the microsecond is 0), from
+    ``time.time_ns()`` floored to the microsecond as ``datetime.now`` floors it; the text up to the seconds
+    is built once per second (kept as one (second, text) pair, so threads never mix two seconds')."""
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")
+
+    def at(self, ns: int) -> str:
+        """The timestamp of `ns` nanoseconds since the epoch (non-negative, before the year 10000)."""
+        second, us = divmod(ns // 1000, 1_000_000)
+        cached = self._second
+        if cached[0] != second:
+            cached = self._second = (
+                second, datetime.datetime.fromtimestamp(second, datetime.timezone.utc).isoformat()[:-6])
+        return f"{cached[1]}.{us:06d}Z" if us else cached[1] + "Z"
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        event["timestamp"] = self.at(time.time_ns())
+        return event
+
+
 def processors(mask: tuple[str, ...] = (), stamper: Any = None) -> list[Any]:
-    """The processor chain of every log event: level, ISO-8601 UTC timestamp (`stamper`: structlog's
-    ``TimeStamper(fmt="iso", utc=True)`` unless given), `mask`ed fields, JSON (`dumps`)."""
+    """The processor chain of every log event: level, ISO-8601 UTC timestamp (`stamper`: `IsoUtcStamper`,
+    the text of structlog's ``TimeStamper(fmt="iso", utc=True)``, unless given), `mask`ed fields, JSON
+    (`dumps`)."""
     return [
         structlog.processors.add_log_level,
-        stamper or structlog.processors.TimeStamper(fmt="iso", utc=True),
+        stamper or IsoUtcStamper(),
         *([logsinks.MaskFields(mask)] if mask else []),
         structlog.processors.JSONRenderer(serializer=dumps),
     ]

@@ -5,7 +5,10 @@
 ``"mask:" + HMAC-SHA256(per-process random key, value)[:16]`` (lists element-wise), so masked
 values still correlate within one process's log but cannot be reversed by guessing.
 Rotation: stdlib `logging.handlers.RotatingFileHandler` (rotate above `max_bytes` bytes, keep
-`backups` files ``path.1`` … ``path.N``); each line is flushed as it is written.
+`backups` files ``path.1`` … ``path.N``); each line is flushed as it is written. A file deleted or
+renamed by someone else (logrotate) is written on until it reaches `max_bytes`, then a new file is opened
+at the path; a truncated one (``copytruncate``) is measured as it is now (see
+`_LineRotatingFileHandler._rolls_over`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hmac
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, MutableMapping
@@ -65,23 +69,32 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
                 if stream is None:
                     stream = self.stream = self._open()
                 stream.write(text)
-                self.flush()
+                stream.flush()  # each line reaches the OS before the call returns (Handler.flush, under our lock)
             except Exception:
                 self.handleError(logging.LogRecord(self.name or "memwarden.sink", logging.INFO, __file__, 0, line, None, None))
         finally:
             self.release()
 
     def _rolls_over(self, text: str) -> bool:
-        # RotatingFileHandler.shouldRollover (CPython 3.11/3.12) on the formatted text
-        if os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename):
+        """`RotatingFileHandler.shouldRollover` (CPython 3.11/3.12) on the formatted `text`, with one
+        ``fstat`` of the open file instead of two ``stat`` of the path and a seek and tell: rotate when the
+        file's size plus ``len(text)`` reaches `maxBytes` (``maxBytes`` 0: never). The size is the open
+        file's, as ``seek(0, 2); tell()`` gives it (every line is flushed: nothing is buffered), so lines
+        appended by another process and a truncation (``copytruncate``) count as they did. Never a
+        non-regular file: the open file is not rotated when it is not one (``/dev/stdout`` as the path: a
+        pipe, a terminal), and, as the stdlib checks, the path is not rotated when it names something that
+        is not a regular file — that path check made only at a rotation point, not for every line. A path
+        deleted or renamed by someone else is written on (the open file) until its size reaches
+        `maxBytes`, then `doRollover` opens a new file at the path (the stdlib's behaviour). Raises OSError
+        (reported by `write_line` through `handleError`)."""
+        if self.maxBytes <= 0:
             return False
         if self.stream is None:
             self.stream = self._open()
-        if self.maxBytes > 0:
-            self.stream.seek(0, 2)
-            if self.stream.tell() + len(text) >= self.maxBytes:
-                return True
-        return False
+        st = os.fstat(self.stream.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size + len(text) < self.maxBytes:
+            return False
+        return not (os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename))
 
 
 class RotatingFileLogger:

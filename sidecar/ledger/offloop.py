@@ -68,16 +68,18 @@ async def authenticate(ledger: Any, key: str) -> Principal | None:
     return await call(ledger, ledger.authenticate, key)
 
 
-async def read_rows(ledger: Any, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
-                    ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+async def read_rows(ledger: Any, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None,
+                    has_read_rows: bool | None = None) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
     """(ledger rows of `row_ids` by id, their owners' Cedar entities by agent uid, whether API key `key_id`
     is valid now — True when None), read now: one statement on an asynchronous ledger, else one
     worker-thread trip (`call`; on PostgreSQL the same one statement). Raises `LedgerUnavailable` when the
-    ledger cannot answer."""
+    ledger cannot answer. `has_read_rows`: whether `ledger` has ``read_rows`` (a caller that knew it once per
+    ledger object saves the look-up, which on SQLite raises AttributeError through both wrappers); None:
+    look it up."""
     if asynchronous(ledger):
         return await _awaited(ledger.read_rows_async(backend, collection_id, row_ids, key_id))
 
-    if hasattr(ledger, "read_rows"):  # PostgreSQL: the same one statement, in a worker thread
+    if has_read_rows if has_read_rows is not None else hasattr(ledger, "read_rows"):  # PostgreSQL: the same one statement, in a worker thread
         return await call(ledger, ledger.read_rows, backend, collection_id, row_ids, key_id)
 
     def fetch() -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:

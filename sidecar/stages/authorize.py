@@ -11,6 +11,7 @@ the exchange for the decision log (counts, reasons, evaluation errors, shadow wo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
@@ -58,6 +59,14 @@ def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callabl
 
 
 
+# The exchange's fields a failed key re-check resets (to a new exchange's values): every field but the
+# request itself (method, path, parsed input), its identity and timing, what it stripped, and the per-read
+# ledger state the read's own code drops. A field added to `Exchange` is reset unless listed here.
+_REQUEST_FIELDS = frozenset({"method", "raw_path", "segments", "query", "headers", "body", "ledger_rows", "prefetched",
+                             "prefetched_owners", "key_recheck", "stripped_headers", "request_id", "started_ns"})
+_DECISION_FIELDS = tuple(f.name for f in dataclasses.fields(Exchange) if f.name not in _REQUEST_FIELDS)
+
+
 class Authorizer:
     """Builds Cedar requests and entity stores from the ledger and asks the PDP."""
 
@@ -71,6 +80,16 @@ class Authorizer:
         # found once per ledger object: the caching and instrumenting wrappers answer ``hasattr`` by
         # forwarding (and, on SQLite, raising AttributeError) at every call.
         self._recheck_capable: tuple[Any, bool] | None = None
+        # (ledger, whether it has ``read_rows``: PostgreSQL), found once per ledger object for the same reason.
+        self._read_rows_capable: tuple[Any, bool] | None = None
+
+    def _has_read_rows(self) -> bool:
+        """Whether the ledger reads rows, owners and a key re-check in one statement (``read_rows``)."""
+        ledger = self.ledger
+        capable = self._read_rows_capable
+        if capable is None or capable[0] is not ledger:
+            capable = self._read_rows_capable = (ledger, hasattr(ledger, "read_rows"))
+        return capable[1]
 
     async def authenticate(self, ex: Exchange, key: str) -> Principal | None:
         """The principal of API key `key`, or None (unknown, revoked, malformed).
@@ -114,10 +133,7 @@ class Authorizer:
                 forget(pending[1])
             # Logged as a first-check 401 is: unauthenticated, nothing routed, decided or counted.
             fresh = Exchange(method=ex.method, raw_path=ex.raw_path)
-            for name in ("principal", "key_id", "operation", "action", "resource", "decision", "reason", "policy_set",
-                         "policies", "deny_policies", "rows_allowed", "rows_denied", "rows_malformed",
-                         "rows_hidden_superseded", "rows_hidden_deleted", "rows_unknown", "row_deny_reasons",
-                         "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "row_ids"):
+            for name in _DECISION_FIELDS:
                 setattr(ex, name, getattr(fresh, name))
             raise Unauthorized("unknown or revoked API key")
 
@@ -125,7 +141,8 @@ class Authorizer:
         """Re-check the caller's key now if `authenticate` deferred it and no `prefetch` did it (one round
         trip); raises `Unauthorized` (401) if it was revoked, `LedgerUnavailable` (503)."""
         if ex.key_recheck is not None:
-            _, _, key_ok = await offloop.read_rows(self.ledger, "", "", [], ex.key_recheck[0])
+            _, _, key_ok = await offloop.read_rows(self.ledger, "", "", [], ex.key_recheck[0],
+                                                   has_read_rows=self._has_read_rows())
             self._rechecked(ex, key_ok)
 
     def pushdown(self, configured: str) -> str:
@@ -324,11 +341,12 @@ class Authorizer:
         the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
         when the ledger cannot answer."""
         if not row_ids or not (always or offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
-                               or hasattr(self.ledger, "read_rows")):
+                               or self._has_read_rows()):
             return
         ids = list(dict.fromkeys(row_ids))
         recheck = ex.key_recheck[0] if ex.key_recheck is not None else None
-        rows, owners, key_ok = await offloop.read_rows(self.ledger, backend, collection_id, ids, recheck)
+        rows, owners, key_ok = await offloop.read_rows(self.ledger, backend, collection_id, ids, recheck,
+                                                       has_read_rows=self._has_read_rows())
         self._rechecked(ex, key_ok)
         pre = ex.prefetched.setdefault((backend, collection_id), {})
         for i in ids:
@@ -436,16 +454,11 @@ class Authorizer:
 CLASS_MEMO_SIZE = 65536  # class decisions kept per policy set (cleared when full)
 
 
-def class_key(row: Row, attrs: frozenset[str], owner_keys: dict[str, str]) -> tuple[Any, ...]:
-    """A row's governance class under a policy set that reads `attrs` of the resource: the values of
-    those attributes in the row's Cedar entity (absent ones as a marker), its ancestors (fleet and
-    tenant) and, when ``owner`` is read, the owner's entity data (`owner_keys`: agent id → JSON)."""
-    values = _class_values(row, attrs)
-    return values + (owner_keys.get(row.owner),) if "owner" in attrs else values
-
-
 def _class_values(row: Row, attrs: frozenset[str]) -> tuple[Any, ...]:
-    """`class_key` without the owner's entity data."""
+    """A row's governance class under a policy set that reads `attrs` of the resource, without the owner's
+    entity data: the values of those attributes in the row's Cedar entity (absent ones as a marker, values
+    other than str/int/bool as canonical JSON), after its ancestors (tenant, fleet). The caller appends the
+    owner's entity JSON when ``owner`` is in `attrs`."""
     entity = row.entity()["attrs"]
     values: list[Any] = [row.tenant, row.fleet]
     for name in sorted(attrs):
@@ -459,7 +472,7 @@ _CLASS_VALUES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
 def class_values(row: Row, attrs: frozenset[str]) -> tuple[Any, ...]:
-    """`_class_values(row, attrs)` (`class_key` without the owner's data), kept per (`attrs`, the row fields its
+    """`_class_values(row, attrs)` (the class key without the owner's data), kept per (`attrs`, the row fields its
     Cedar entity is made of: tenant, fleet, owner, scope, status, readers, labels, subject, predicate, object),
     so rows of one class do not each build their entity and its JSON. Kept only for a row with no Cedar
     attributes in `extra` and whose fields are exact ``str`` (the triple's may be None; readers and labels
