@@ -614,3 +614,19 @@ def test_upstream_timing_wrapper_counts_as_the_reference() -> None:
     counts = {dict(labels)["method"] + "/" + dict(labels)["outcome"]: v for name, labels, v in samples(new_metrics)
               if name.endswith("_count")}
     assert counts == {"GET/ok": 3, "POST/error": 2, "POST/ok": 1, "DELETE/error": 1, "PUT/error": 1}
+
+
+def test_a_connection_with_bytes_nobody_asked_for_is_not_reused(Transport: Any) -> None:
+    """Bytes arriving after a complete answer, while the connection sits in the pool: the connection is
+    dropped, the next request goes on a new one and gets its own answer."""
+    async def late_junk(conn: int, n: int, raw: bytes) -> list[Any]:
+        return [ok(b'{"conn":%d}' % conn), 0.05, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+
+    async def main() -> None:
+        async with Backend(late_junk) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
+                for i in range(3):
+                    assert (await client.get("/")).json() == {"conn": i}
+                    await asyncio.sleep(0.1)
+            assert backend.connections == 3
+    run(main())
