@@ -30,7 +30,7 @@ so the revocation is still seen by the very next request, without a round trip o
 from __future__ import annotations
 
 import contextvars
-import hmac
+import hashlib
 import os
 import threading
 import time
@@ -49,6 +49,7 @@ READ_ONLY = frozenset({
     "read_rows_async", "read_rows", "key_valid", "open_async", "aclose", "cached_collection",
 })
 
+_blake2b = hashlib.blake2b
 MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (all dropped when full)
 
 
@@ -158,9 +159,10 @@ class CachingLedger:
         return principal
 
     def _digest(self, plaintext: str) -> bytes:
-        """HMAC-SHA256 of `plaintext` (UTF-8, surrogates passed) under this process's random key: 32 bytes,
-        the index of the key caches. One-shot (`hmac.digest`, OpenSSL), the same bytes as ``hmac.new``."""
-        return hmac.digest(self._secret, plaintext.encode("utf-8", "surrogatepass"), "sha256")
+        """Keyed BLAKE2b-256 of `plaintext` (UTF-8, surrogates passed) under this object's random 32-byte key:
+        32 bytes, the index of the key caches (BLAKE2's keyed mode is a MAC, as HMAC-SHA256 was here, at
+        less than half its cost per call)."""
+        return _blake2b(plaintext.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=32).digest()
 
     async def authenticate_async(self, plaintext: str) -> Principal | None:
         """The ledger's `authenticate_async` (read now, never from memory); a valid key's principal is kept

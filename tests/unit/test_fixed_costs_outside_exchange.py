@@ -180,3 +180,66 @@ def test_the_hint_answers_as_the_look_up(tmp_path: Path, valid: bool) -> None:
                 asyncio.run(authz.settle(ex))
             assert ex.principal is None
     assert pg.calls == 5
+
+
+# -- the key caches' index: keyed BLAKE2b instead of HMAC-SHA256 -------------------------------------
+
+import hashlib  # noqa: E402
+import hmac  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+class ReferenceCaching(CachingLedger):
+    """`CachingLedger` indexed by HMAC-SHA256, as before."""
+
+    def _digest(self, plaintext: str) -> bytes:
+        return hmac.digest(self._secret, plaintext.encode("utf-8", "surrogatepass"), "sha256")
+
+
+class Keys:
+    """A ledger knowing some keys; revoking one is a commit (the token moves)."""
+
+    def __init__(self, known: set[str]) -> None:
+        self.known = set(known)
+        self.version = 0
+        self.asked: list[str] = []
+
+    def authenticate(self, key: str) -> Any:
+        self.asked.append(key)
+        return Principal("agent", f"id-{key}", "t", "red", "a", 1) if key in self.known else None
+
+
+keys = st.sampled_from(["", "mwk_a.s", "mwk_b.s", "\ud800x", "é🔑", "mwk_a.s "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["auth", "revoke"]), keys), max_size=30))
+def test_the_key_cache_answers_and_asks_as_with_hmac(ops: list[tuple[str, str]]) -> None:
+    """The same answers, the same keys asked of the ledger (hits and misses), the same revocations seen at
+    the next lookup, as the HMAC-indexed cache; and an index of a known key is never that of another."""
+    runs = []
+    for cls in (CachingLedger, ReferenceCaching):
+        inner = Keys({"mwk_a.s", "mwk_b.s", "\ud800x", "é🔑"})
+        cached = cls(inner, lambda inner=inner: inner.version, ttl_s=3600)
+        out = []
+        for op, key in ops:
+            if op == "revoke":
+                inner.known.discard(key)
+                inner.version += 1
+            else:
+                p = cached.authenticate(key)
+                out.append(p.key_id if p else None)
+        runs.append((out, inner.asked, cached.hits, cached.misses, len(cached._keys)))
+        digests = {cached._digest(k) for k in ("", "mwk_a.s", "mwk_b.s", "\ud800x", "é🔑", "mwk_a.s ")}
+        assert len(digests) == 6
+    assert runs[0] == runs[1]
+
+
+def test_the_index_never_holds_the_key() -> None:
+    inner = Keys({"mwk_secret.value"})
+    cached = CachingLedger(inner, lambda: 1, ttl_s=3600)
+    assert cached.authenticate("mwk_secret.value") is not None
+    (index,) = cached._keys
+    assert b"mwk_secret" not in index and index != hashlib.blake2b(b"mwk_secret.value", digest_size=32).digest()

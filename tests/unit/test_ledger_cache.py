@@ -6,7 +6,6 @@ never cached on PostgreSQL."""
 from __future__ import annotations
 
 import hashlib
-import hmac
 import sqlite3
 import time
 from pathlib import Path
@@ -132,11 +131,14 @@ def test_postgres_notifications_drop_the_caches_and_keys_are_never_cached(pg_url
 @example("mwk_0123456789abcdef.s3cr3t")
 @example("\ud800x\udfff")
 @example("é\u2028🔑")
-def test_digest_is_hmac_sha256_of_the_key(plaintext: str) -> None:
-    """`CachingLedger._digest` (one-shot `hmac.digest`) gives the bytes ``hmac.new(...).digest()`` gave."""
-    cached = CachingLedger(None, lambda: 1)
-    expected = hmac.new(cached._secret, plaintext.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-    assert cached._digest(plaintext) == expected and len(expected) == 32
+def test_digest_is_keyed_blake2b_of_the_key(plaintext: str) -> None:
+    """`CachingLedger._digest` is BLAKE2b-256 keyed with the object's random key (a MAC: without the key the
+    index says nothing of the API key), not the unkeyed hash, and another object's key gives other bytes."""
+    cached, other = CachingLedger(None, lambda: 1), CachingLedger(None, lambda: 1)
+    data = plaintext.encode("utf-8", "surrogatepass")
+    expected = hashlib.blake2b(data, key=cached._secret, digest_size=32).digest()
+    assert cached._digest(plaintext) == expected and len(expected) == 32 and len(cached._secret) == 32
+    assert expected != hashlib.blake2b(data, digest_size=32).digest() and other._digest(plaintext) != expected
 
 
 def test_sqlite_cache_version_is_data_version_and_write_count(tmp_path: Path) -> None:
