@@ -892,7 +892,7 @@ class ChromaProfile:
         cols = [(key, v) for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == m]
         out: list[list[dict[str, Any]]] = []
         for j in range(m):
-            sub = {key: v[j] for key, v in cols if isinstance(v[j], list)}
+            sub = {key: v[j] for key, v in cols}  # an item that is not a list is no column of `_rows`
             out.append(self._rows(ex, sub, len(resp["ids"][j])))
         return out
 
