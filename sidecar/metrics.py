@@ -225,17 +225,30 @@ class InstrumentedLedger:
 def instrument_upstream(upstream: Any, metrics: Metrics) -> None:
     """Time every `upstream.call` (the backend client) into ``backend_request_duration_seconds``."""
     call = upstream.call
+    # The label children bound on first use per (method, outcome), as `Metrics` does for its own families:
+    # this family is never cleared, so a bound child is the one `labels()` would return.
+    children: dict[tuple[str, str], Any] = {}
+    clock = time.perf_counter
+
+    def observe(method: str, outcome: str, seconds: float) -> None:
+        child = children.get((method, outcome))
+        if child is None:
+            child = children[(method, outcome)] = metrics.backend.labels(method, outcome)
+        child.observe(seconds)
 
     @wraps(call)
     async def timed(method: str, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        outcome = "error"
+        t0 = clock()
         try:
             result = await call(method, *args, **kwargs)
-            outcome = "ok"
-            return result
-        finally:
-            metrics.backend.labels(method, outcome).observe(time.perf_counter() - t0)
+        except BaseException:
+            observe(method, "error", clock() - t0)
+            raise
+        child = children.get((method, "ok"))
+        if child is None:
+            child = children[(method, "ok")] = metrics.backend.labels(method, "ok")
+        child.observe(clock() - t0)
+        return result
 
     upstream.call = timed
 

@@ -3,7 +3,8 @@
 The forward stage keeps httpx's client API (`httpx.AsyncClient`: URL building, headers, `Timeout`,
 `Response`) and replaces its default transport (httpcore + h11), whose per-request cost dominated the
 sidecar's own work on small requests. Responses are parsed with httptools (the llhttp parser uvicorn
-uses). What it does, and the httpx exceptions it raises (mapped to 502/504 by `sidecar.stages.forward`):
+uses), fed straight from each connection's `asyncio.Protocol.data_received` (no StreamReader; one
+future and at most one read-deadline timer per exchange). What it does, and the httpx exceptions it raises (mapped to 502/504 by `sidecar.stages.forward`):
 
 - **Pool**: at most `max_connections` connections to the origin (waiting longer than the ``pool``
   timeout for one raises `httpx.PoolTimeout`); idle connections are reused last-in first-out and
@@ -36,7 +37,6 @@ import httpx
 import httptools
 
 IDEMPOTENT_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
-_READ_CHUNK = 256 * 1024
 
 
 class ResponseTooLarge(httpx.TransportError):
@@ -81,21 +81,142 @@ class _Parsed:
         self.keep_alive = self.parser.should_keep_alive()  # llhttp resets it once the message is done
 
 
-class _Connection:
-    __slots__ = ("reader", "writer", "idle_since", "used")
+_STALE, _MID_RESPONSE, _UPGRADE, _TOO_LARGE, _READ_TIMEOUT = "stale", "mid", "upgrade", "too_large", "read_timeout"
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+
+class _Connection(asyncio.Protocol):
+    """One backend connection as an `asyncio.Protocol`: the response's bytes go from `data_received`
+    straight into its httptools parser, and the exchange waits on one future (no StreamReader buffer,
+    no task wake-up per read). The ``read`` timeout bounds each wait for data, as a read per wait did:
+    one timer per exchange, moved on (lazily, when it fires) to ``last data + read timeout``.
+
+    `outcome` of an exchange: None (the answer is complete, or ended by EOF where that delimits it),
+    one of the markers above, or ``(kind, exception)`` for a parse error or a failed connection."""
+
+    __slots__ = ("loop", "transport", "idle_since", "used", "eof", "lost", "lost_exc", "dirty", "write_paused",
+                 "drain_waiter", "parsed", "parser", "head_only", "reused", "received", "waiter", "outcome",
+                 "last_data", "read_timeout", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: Any = None
         self.idle_since = time.monotonic()
         self.used = False
+        self.eof = self.lost = self.dirty = self.write_paused = False
+        self.lost_exc: BaseException | None = None
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self.parsed: _Parsed | None = None
+        self.parser: Any = None
+        self.head_only = self.reused = False
+        self.received = 0
+        self.waiter: asyncio.Future[None] | None = None
+        self.outcome: Any = None
+        self.last_data = 0.0
+        self.read_timeout: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            self.dirty = True  # bytes nothing asked for (after the answer, or while idle): never reused
+            return
+        self.received += len(data)
+        self.last_data = self.loop.time()
+        parsed = self.parsed
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._finish(_UPGRADE)
+            return
+        except httptools.HttpParserError as exc:
+            self._finish(("parse", exc))
+            return
+        if parsed.too_large:  # type: ignore[union-attr]
+            self._finish(_TOO_LARGE)
+        elif parsed.complete or (self.head_only and parsed.headers_done):  # type: ignore[union-attr]
+            self._finish(None)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._ended()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = self.eof = True
+        self.lost_exc = exc
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                self._ended()
+            elif self.reused and self.received == 0:
+                self._finish(_STALE)
+            else:
+                self._finish(("read", exc))
+        drain = self.drain_waiter
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drain = self.drain_waiter
+        if drain is not None and not drain.done():
+            drain.set_result(None)
+
+    # -- the exchange ----------------------------------------------------------------------------
+    def _ended(self) -> None:
+        """The backend ended the connection (EOF) during an exchange."""
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        parsed = self.parsed
+        if self.reused and self.received == 0:
+            self._finish(_STALE)
+        elif parsed is not None and parsed.headers_done and not _framed(parsed.headers):
+            self._finish(None)  # body delimited by the end of the connection (RFC 9112 §6.3, rule 8)
+        else:
+            self._finish(_MID_RESPONSE)
+
+    def _finish(self, outcome: Any) -> None:
+        self.outcome = outcome
+        self.waiter.set_result(None)  # type: ignore[union-attr]
+
+    def _read_deadline(self) -> None:
+        due = self.last_data + self.read_timeout  # type: ignore[operator]
+        if self.loop.time() >= due:
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                self._finish(_READ_TIMEOUT)
+        else:  # data came since the timer was set: wait for the rest of the read timeout after it
+            self.timer = self.loop.call_at(due, self._read_deadline)
+
+    async def drain(self) -> None:
+        """Wait while the transport's buffer is over its high-water mark (`asyncio.StreamWriter.drain`):
+        raises the connection's error (`ConnectionResetError` when it has none) once it is lost."""
+        if self.transport.is_closing():
+            await asyncio.sleep(0)  # let connection_lost run: a failed send closes the transport
+        while True:
+            if self.lost:
+                raise self.lost_exc or ConnectionResetError("Connection lost")
+            if not self.write_paused:
+                return
+            self.drain_waiter = self.loop.create_future()
+            await self.drain_waiter
+
+    # -- pool ------------------------------------------------------------------------------------
     def alive(self, now: float, expiry: float) -> bool:
-        return (now - self.idle_since < expiry and not self.reader.at_eof()
-                and not self.writer.is_closing() and not self.reader._buffer)  # type: ignore[attr-defined]
+        return (now - self.idle_since < expiry and not self.eof and not self.dirty
+                and not self.transport.is_closing())
 
     def close(self) -> None:
         try:
-            self.writer.close()
+            self.transport.close()
         except Exception:
             pass
 
@@ -145,11 +266,15 @@ class Http1Transport(httpx.AsyncBaseTransport):
             self._idle.clear()
             self._slots = asyncio.Semaphore(self._max)
             self._loop = loop
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+        slots = self._slots
+        if slots.locked():  # every connection busy (or others waiting first): wait, at most the pool timeout
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+        else:
+            await slots.acquire()  # returns at once (no suspension), so no timeout context is needed
         try:
             for attempt in (0, 1):
                 conn = await self._connection(request, host, port, timeouts.get("connect"))
@@ -205,61 +330,69 @@ class Http1Transport(httpx.AsyncBaseTransport):
             if conn.alive(now, self._expiry):
                 return conn
             conn.close()
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(host, port, limit=_READ_CHUNK)
+                _, conn = await loop.create_connection(lambda: _Connection(loop), host, port)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout("backend connect timed out", request=request) from exc
         except OSError as exc:
             raise httpx.ConnectError(f"backend connect failed: {exc.strerror or exc}", request=request) from exc
-        return _Connection(reader, writer)
+        return conn
 
     async def _exchange(self, request: httpx.Request | None, method: str, conn: _Connection, head: bytes, body: bytes,
                         timeouts: dict[str, float | None]) -> tuple[tuple[int, list[tuple[bytes, bytes]], bytes], bool]:
         reused, conn.used = conn.used, True
+        parsed = _Parsed(self._cap)
+        parser = conn.parser = parsed.parser = httptools.HttpResponseParser(parsed)
+        conn.parsed, conn.head_only, conn.reused, conn.received, conn.outcome = parsed, method == "HEAD", reused, 0, None
+        waiter = conn.waiter = conn.loop.create_future()
+        transport = conn.transport
         try:
-            conn.writer.write(head + body if len(body) < 65536 else head)
+            transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
-                conn.writer.write(body)
-            async with asyncio.timeout(timeouts.get("write")):
-                await conn.writer.drain()
+                transport.write(body)
+            # Nothing to wait for unless the buffer is over its high-water mark, and nothing to raise
+            # unless the transport is closing (a failed send closes it): only then drain, under the timeout.
+            if conn.write_paused or transport.is_closing():
+                async with asyncio.timeout(timeouts.get("write")):
+                    await conn.drain()
         except TimeoutError as exc:
             raise httpx.WriteTimeout("backend write timed out", request=request) from exc
         except OSError as exc:
             if reused:
                 raise _StaleConnection() from exc
             raise httpx.WriteError(f"backend write failed: {exc}", request=request) from exc
-        parsed = _Parsed(self._cap)
-        parser = parsed.parser = httptools.HttpResponseParser(parsed)
-        received = 0
-        read_timeout = timeouts.get("read")
-        head_only = method == "HEAD"
-        while not parsed.complete and not (head_only and parsed.headers_done):
-            try:
-                async with asyncio.timeout(read_timeout):
-                    data = await conn.reader.read(_READ_CHUNK)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("backend read timed out", request=request) from exc
-            except OSError as exc:
-                if reused and received == 0:
-                    raise _StaleConnection() from exc
-                raise httpx.ReadError(f"backend read failed: {exc}", request=request) from exc
-            if not data:
-                if reused and received == 0:
-                    raise _StaleConnection()
-                if parsed.headers_done and not _framed(parsed.headers):
-                    break  # body delimited by the end of the connection (RFC 9112 §6.3, rule 8)
-                raise httpx.RemoteProtocolError("the backend closed the connection mid-response", request=request)
-            received += len(data)
-            try:
-                parser.feed_data(data)
-            except httptools.HttpParserUpgrade as exc:
-                raise httpx.RemoteProtocolError("the backend asked for a protocol upgrade", request=request) from exc
-            except httptools.HttpParserError as exc:
-                raise httpx.RemoteProtocolError(f"the backend's answer is not HTTP/1.1: {exc}", request=request) from exc
-            if parsed.too_large:
+        if not waiter.done():
+            read_timeout = conn.read_timeout = timeouts.get("read")
+            if read_timeout is None:
+                await waiter
+            else:
+                loop = conn.loop
+                conn.last_data = loop.time()
+                conn.timer = loop.call_at(conn.last_data + read_timeout, conn._read_deadline)
+                try:
+                    await waiter
+                finally:
+                    conn.timer.cancel()
+        conn.parsed = conn.parser = None
+        outcome = conn.outcome
+        if outcome is not None:
+            if outcome == _STALE:
+                raise _StaleConnection()
+            if outcome == _READ_TIMEOUT:
+                raise httpx.ReadTimeout("backend read timed out", request=request)
+            if outcome == _TOO_LARGE:
                 raise ResponseTooLarge(f"backend answer over {self._cap} bytes", request=request)
-        keep = parsed.complete and parsed.keep_alive and not conn.reader._buffer  # type: ignore[attr-defined]
+            if outcome == _UPGRADE:
+                raise httpx.RemoteProtocolError("the backend asked for a protocol upgrade", request=request)
+            if outcome == _MID_RESPONSE:
+                raise httpx.RemoteProtocolError("the backend closed the connection mid-response", request=request)
+            kind, exc = outcome
+            if kind == "parse":
+                raise httpx.RemoteProtocolError(f"the backend's answer is not HTTP/1.1: {exc}", request=request) from exc
+            raise httpx.ReadError(f"backend read failed: {exc}", request=request) from exc
+        keep = parsed.complete and parsed.keep_alive and not conn.dirty
         return (parser.get_status_code(), parsed.headers, b"".join(parsed.body)), keep and _framed(parsed.headers)
 
 

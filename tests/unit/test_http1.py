@@ -1,7 +1,9 @@
 """The forward stage's HTTP/1.1 transport (`sidecar.stages.http1`) against a real local socket server:
 keep-alive reuse, chunked bodies, the response size cap, timeouts, connections the backend closed
 (retried only for idempotent requests, never re-sent otherwise), and the error mapping of
-`sidecar.stages.forward.Upstream` (502/504)."""
+`sidecar.stages.forward.Upstream` (502/504). Every transport-level test runs on the standard event loop and
+on uvloop (the server's), against `sidecar.stages.http1.Http1Transport` and the pre-h19u transport kept in
+`tests.unit.http1_reference` (the two must agree on every documented behaviour)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import pytest
 from sidecar.errors import UpstreamError, UpstreamTimeout
 from sidecar.stages.forward import Upstream
 from sidecar.stages.http1 import Http1Transport, ResponseTooLarge
+from tests.unit import http1_reference
 
-CLOSE = b"<close>"  # an answer ending with this is followed by closing the connection
-Action = Callable[[int, int, bytes], Awaitable[bytes | None]]
+CLOSE = b"<close>"  # an answer ending with this is followed by closing the connection (the marker is not sent)
+Action = Callable[[int, int, bytes], Awaitable[Any]]
 
 
 def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
@@ -26,7 +29,8 @@ def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
 
 class Backend:
     """A scripted HTTP/1.1 server on 127.0.0.1. `action(connection number, request number on it, raw
-    request)` returns the bytes to answer, or None to close the connection without answering."""
+    request)` returns the bytes to answer (or a list of byte pieces and float pauses in seconds), or None
+    to close the connection without answering."""
 
     def __init__(self, action: Action) -> None:
         self.action = action
@@ -60,9 +64,14 @@ class Backend:
                 n += 1
                 if answer is None:
                     break
-                writer.write(answer)
-                await writer.drain()
-                if answer.endswith(CLOSE):
+                pieces = answer if isinstance(answer, list) else [answer]
+                for piece in pieces:  # a list: bytes to send, and floats (seconds to wait) between them
+                    if isinstance(piece, float):
+                        await asyncio.sleep(piece)
+                        continue
+                    writer.write(piece.removesuffix(CLOSE))
+                    await writer.drain()
+                if pieces[-1] == CLOSE or (isinstance(pieces[-1], bytes) and pieces[-1].endswith(CLOSE)):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -70,7 +79,25 @@ class Backend:
             writer.close()
 
 
+LOOP = {"kind": "asyncio"}
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def loop_kind(request: pytest.FixtureRequest) -> str:
+    LOOP["kind"] = request.param
+    return request.param
+
+
+@pytest.fixture(params=["new", "reference"])
+def Transport(request: pytest.FixtureRequest) -> Any:
+    """The transport class under test: today's, or the pre-h19u reference."""
+    return Http1Transport if request.param == "new" else http1_reference.Http1Transport
+
+
 def run(coro: Awaitable[Any]) -> Any:
+    if LOOP["kind"] == "uvloop":
+        import uvloop
+        return uvloop.run(coro)  # type: ignore[arg-type]
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
@@ -78,10 +105,10 @@ async def always_ok(conn: int, n: int, raw: bytes) -> bytes:
     return ok()
 
 
-def test_round_trip_and_keep_alive_reuse() -> None:
+def test_round_trip_and_keep_alive_reuse(Transport: Any) -> None:
     async def main() -> None:
         async with Backend(always_ok) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 for _ in range(3):
                     r = await client.post("/api/x", content=b'{"q":1}', headers={"content-type": "application/json"})
                     assert r.status_code == 200 and r.json() == {"ok": True}
@@ -92,48 +119,48 @@ def test_round_trip_and_keep_alive_reuse() -> None:
     run(main())
 
 
-def test_chunked_response_is_decoded() -> None:
+def test_chunked_response_is_decoded(Transport: Any) -> None:
     async def chunked(conn: int, n: int, raw: bytes) -> bytes:
         return (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                 b"4\r\n[1,2\r\n3\r\n,3]\r\n0\r\n\r\n")
 
     async def main() -> None:
         async with Backend(chunked) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 assert (await client.get("/")).json() == [1, 2, 3]
                 assert (await client.get("/")).json() == [1, 2, 3]
             assert backend.connections == 1
     run(main())
 
 
-def test_connection_close_and_expiry_are_not_reused() -> None:
+def test_connection_close_and_expiry_are_not_reused(Transport: Any) -> None:
     async def closing(conn: int, n: int, raw: bytes) -> bytes:
         return ok(extra=b"connection: close\r\n")
 
     async def main() -> None:
         async with Backend(closing) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 await client.get("/")
                 await client.get("/")
             assert backend.connections == 2
         async with Backend(always_ok) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(keepalive_expiry=0), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(keepalive_expiry=0), base_url=backend.url) as client:
                 await client.get("/")
                 await client.get("/")
             assert backend.connections == 2
     run(main())
 
 
-def test_response_size_cap() -> None:
+def test_response_size_cap(Transport: Any) -> None:
     async def big(conn: int, n: int, raw: bytes) -> bytes:
         return ok(b'"' + b"x" * 5000 + b'"')
 
     async def main() -> None:
         async with Backend(big) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(max_response_bytes=4096), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(max_response_bytes=4096), base_url=backend.url) as client:
                 with pytest.raises(ResponseTooLarge):
                     await client.get("/")
-            async with httpx.AsyncClient(transport=Http1Transport(max_response_bytes=5002), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(max_response_bytes=5002), base_url=backend.url) as client:
                 assert len((await client.get("/")).json()) == 5000
             up = Upstream(backend.url, timeout_s=5, max_connections=2, max_response_bytes=4096)
             with pytest.raises(UpstreamError) as err:
@@ -143,14 +170,14 @@ def test_response_size_cap() -> None:
     run(main())
 
 
-def test_timeouts_map_to_504_and_connect_errors_to_502() -> None:
+def test_timeouts_map_to_504_and_connect_errors_to_502(Transport: Any) -> None:
     async def hang(conn: int, n: int, raw: bytes) -> bytes:
         await asyncio.sleep(30)
         return ok()
 
     async def main() -> None:
         async with Backend(hang) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url, timeout=0.2) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url, timeout=0.2) as client:
                 with pytest.raises(httpx.ReadTimeout):
                     await client.get("/")
             up = Upstream(backend.url, timeout_s=0.2, max_connections=1)
@@ -159,7 +186,7 @@ def test_timeouts_map_to_504_and_connect_errors_to_502() -> None:
             assert err.value.status == 504
             await up.close()
             # One connection, busy with a hanging request: the next waits for the pool and times out.
-            async with httpx.AsyncClient(transport=Http1Transport(max_connections=1), base_url=backend.url,
+            async with httpx.AsyncClient(transport=Transport(max_connections=1), base_url=backend.url,
                                          timeout=httpx.Timeout(5, pool=0.2)) as client:
                 first = asyncio.ensure_future(client.get("/"))
                 await asyncio.sleep(0.05)
@@ -183,20 +210,20 @@ async def close_second_request(conn: int, n: int, raw: bytes) -> bytes | None:
 
 
 @pytest.mark.parametrize("method,extensions", [("GET", None), ("DELETE", None), ("POST", {"memwarden.idempotent": True})])
-def test_stale_connection_is_retried_for_idempotent_requests(method: str, extensions: Any) -> None:
+def test_stale_connection_is_retried_for_idempotent_requests(method: str, extensions: Any, Transport: Any) -> None:
     async def main() -> None:
         async with Backend(close_second_request) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 assert (await client.request(method, "/", content=b"{}", extensions=extensions)).json() == {"conn": 0}
                 assert (await client.request(method, "/", content=b"{}", extensions=extensions)).json() == {"conn": 1}
             assert backend.connections == 2 and len(backend.requests) == 3
     run(main())
 
 
-def test_stale_connection_is_never_retried_for_a_non_idempotent_request() -> None:
+def test_stale_connection_is_never_retried_for_a_non_idempotent_request(Transport: Any) -> None:
     async def main() -> None:
         async with Backend(close_second_request) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 await client.post("/add", content=b"{}")
                 with pytest.raises(httpx.RemoteProtocolError):
                     await client.post("/add", content=b"{}")
@@ -215,13 +242,13 @@ def test_stale_connection_is_never_retried_for_a_non_idempotent_request() -> Non
     run(main())
 
 
-def test_a_fresh_connection_closed_without_answer_is_not_retried() -> None:
+def test_a_fresh_connection_closed_without_answer_is_not_retried(Transport: Any) -> None:
     async def close_always(conn: int, n: int, raw: bytes) -> bytes | None:
         return None
 
     async def main() -> None:
         async with Backend(close_always) as backend:
-            async with httpx.AsyncClient(transport=Http1Transport(), base_url=backend.url) as client:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 with pytest.raises(httpx.RemoteProtocolError):
                     await client.get("/")
             assert len(backend.requests) == 1
@@ -315,3 +342,291 @@ def test_hot_path_target_is_what_httpx_would_send(segments: list[str]) -> None:
 
     path = "/api/" + "/".join(quote(s, safe="") for s in segments)
     assert httpx.URL("http://127.0.0.1:8000" + path).raw_path == path.encode("ascii")
+
+
+# -- every documented behaviour, on real sockets, for both transports ------------------------------------
+
+async def _get(transport: Any, url: str, method: str = "GET", timeout: Any = 5.0, **kw: Any) -> httpx.Response:
+    async with httpx.AsyncClient(transport=transport, base_url=url, timeout=timeout) as client:
+        return await client.request(method, "/", **kw)
+
+
+@pytest.mark.parametrize("answer,reused", [
+    (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}", False),  # HTTP/1.0 without keep-alive: closed after it
+    (b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n{}", True),
+    (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}", False),
+    (b"HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 2\r\n\r\n{}", False),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", True),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", False),  # no framing header: not reused (the transport's rule)
+])
+def test_http10_and_connection_close_decide_reuse(answer: bytes, reused: bool, Transport: Any) -> None:
+    async def fixed(conn: int, n: int, raw: bytes) -> bytes:
+        return answer
+
+    async def main() -> None:
+        async with Backend(fixed) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
+                for _ in range(3):
+                    r = await client.get("/")
+                    assert r.status_code in (200, 204) and r.content == (b"{}" if r.status_code == 200 else b"")
+            assert backend.connections == (1 if reused else 3)
+    run(main())
+
+
+def test_eof_delimited_bodies(Transport: Any) -> None:
+    """No Content-Length, not chunked: the body ends with the connection (RFC 9112 §6.3), even when it
+    arrives in pieces; such a connection is never reused."""
+    async def eof(conn: int, n: int, raw: bytes) -> list[Any]:
+        return [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[1,", 0.05, b"2,", 0.05, b"3]", CLOSE]
+
+    async def main() -> None:
+        async with Backend(eof) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
+                assert (await client.get("/")).json() == [1, 2, 3]
+                assert (await client.post("/", content=b"{}")).json() == [1, 2, 3]
+            assert backend.connections == 2
+            up = Upstream(backend.url, timeout_s=2, max_connections=1)
+            assert await up.call("POST", ["q"], json_body={}) == [1, 2, 3]
+            await up.close()
+    run(main())
+
+
+def test_head_does_not_wait_for_a_body(Transport: Any) -> None:
+    async def head(conn: int, n: int, raw: bytes) -> bytes:
+        assert raw.startswith(b"HEAD ")
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n"
+
+    async def main() -> None:
+        async with Backend(head) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url, timeout=1.0) as client:
+                for _ in range(2):
+                    r = await client.head("/")
+                    assert r.status_code == 200 and r.content == b"" and r.headers["content-length"] == "500"
+            assert backend.connections == 2  # the parser never saw the message end: the connection is closed
+    run(main())
+
+
+def test_upgrade_is_refused(Transport: Any) -> None:
+    async def upgrade(conn: int, n: int, raw: bytes) -> bytes:
+        return b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n\x81\x00"
+
+    async def main() -> None:
+        async with Backend(upgrade) as backend:
+            with pytest.raises(httpx.RemoteProtocolError, match="upgrade"):
+                await _get(Transport(), backend.url)
+            up = Upstream(backend.url, timeout_s=2, max_connections=1)
+            with pytest.raises(UpstreamError) as err:
+                await up.call("GET", ["x"])
+            assert err.value.status == 502
+            await up.close()
+    run(main())
+
+
+def test_read_timeout_is_per_read_not_per_response(Transport: Any) -> None:
+    """httpx's ``read`` timeout bounds each wait for data: an answer dribbling in with pauses shorter
+    than it completes, however long the whole takes; a longer pause is `httpx.ReadTimeout` (504)."""
+    async def dribble(conn: int, n: int, raw: bytes) -> list[Any]:
+        pause = 0.6 if b"/slow" in raw else 0.1
+        return [b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", pause, b"[1,", pause, b"2,", pause, b"3", 0.1, b"]"]
+
+    async def main() -> None:
+        async with Backend(dribble) as backend:
+            timeout = httpx.Timeout(5, read=0.4)
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url, timeout=timeout) as client:
+                assert (await client.get("/")).json() == [1, 2, 3]  # ~0.4 s in all, no pause over 0.4 s
+                with pytest.raises(httpx.ReadTimeout):
+                    await client.get("/slow")
+                assert (await client.get("/")).json() == [1, 2, 3]  # the timed-out connection was dropped
+            assert backend.connections == 2
+            up = Upstream(backend.url, timeout_s=0.4, max_connections=1)
+            with pytest.raises(UpstreamTimeout):
+                await up.call("GET", ["slow"])
+            await up.close()
+    run(main())
+
+
+def test_write_timeout_and_write_error(Transport: Any) -> None:
+    """A backend that reads nothing: a request body larger than the socket buffers cannot be sent —
+    `httpx.WriteTimeout` (504) after the ``write`` timeout."""
+    async def main() -> None:
+        deaf_writers: list[asyncio.StreamWriter] = []
+
+        async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            deaf_writers.append(writer)
+            await asyncio.sleep(10)
+
+        server = await asyncio.start_server(deaf, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            big = b"x" * (64 * 1024 * 1024)
+            with pytest.raises(httpx.WriteTimeout):
+                await _get(Transport(), url, "POST", timeout=httpx.Timeout(5, write=0.3), content=big)
+            up = Upstream(url, timeout_s=0.3, max_connections=1)
+            with pytest.raises(UpstreamTimeout):
+                await up.call("POST", ["add"], json_body={"x": "y" * (64 * 1024 * 1024)})
+            await up.close()
+        finally:
+            server.close()
+            for writer in deaf_writers:  # the client's closed sockets still hold unsent bytes: reset them
+                writer.transport.abort()
+            await asyncio.sleep(0.05)
+    run(main())
+
+
+def test_pool_waits_for_a_free_connection(Transport: Any) -> None:
+    """With every connection busy a request waits for one (within the ``pool`` timeout) and reuses it."""
+    async def slow(conn: int, n: int, raw: bytes) -> list[Any]:
+        return [0.05, ok(b'{"n":%d}' % n)]
+
+    async def main() -> None:
+        async with Backend(slow) as backend:
+            async with httpx.AsyncClient(transport=Transport(max_connections=1), base_url=backend.url,
+                                         timeout=httpx.Timeout(5, pool=2)) as client:
+                answers = await asyncio.gather(*(client.get("/") for _ in range(4)))
+            assert sorted(r.json()["n"] for r in answers) == [0, 1, 2, 3]
+            assert backend.connections == 1
+    run(main())
+
+
+def test_a_pooled_connection_the_backend_closed_is_not_used(Transport: Any) -> None:
+    """The backend closes a connection after answering, without saying so: the EOF is seen while it
+    sits in the pool, so even a non-idempotent request goes on a new connection and succeeds."""
+    async def answer_then_close(conn: int, n: int, raw: bytes) -> bytes:
+        return ok(b'{"conn":%d}' % conn) + CLOSE
+
+    async def main() -> None:
+        async with Backend(answer_then_close) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
+                for i in range(3):
+                    assert (await client.post("/add", content=b"{}")).json() == {"conn": i}
+                    await asyncio.sleep(0.05)
+            assert backend.connections == 3 and len(backend.requests) == 3
+    run(main())
+
+
+@pytest.mark.parametrize("answer", [
+    ok() + b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",  # an unrequested second answer in the same segment
+    ok() + b"garbage",
+])
+def test_bytes_after_the_answer_as_the_reference(answer: bytes) -> None:
+    """Bytes after a complete answer that nothing asked for (no backend sends them: the transport never
+    pipelines): today's transport does what the reference does — bodies, errors and connections."""
+    async def extra(conn: int, n: int, raw: bytes) -> bytes:
+        return answer
+
+    async def outcomes(transport_cls: Any) -> list[Any]:
+        seen: list[Any] = []
+        async with Backend(extra) as backend:
+            async with httpx.AsyncClient(transport=transport_cls(), base_url=backend.url) as client:
+                for _ in range(2):
+                    try:
+                        r = await client.get("/")
+                        seen.append((r.status_code, r.content))
+                    except httpx.HTTPError as exc:
+                        seen.append(type(exc).__name__)
+            seen.append(backend.connections)
+        return seen
+
+    assert run(outcomes(Http1Transport)) == run(outcomes(http1_reference.Http1Transport))
+
+
+def test_chunked_body_over_the_cap_and_malformed_chunks(Transport: Any) -> None:
+    async def chunks(conn: int, n: int, raw: bytes) -> list[Any]:
+        if b"/bad" in raw:
+            return [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n"]
+        piece = b"400\r\n" + b"a" * 1024 + b"\r\n"
+        return [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"] + [piece] * 8 + [b"0\r\n\r\n"]
+
+    async def main() -> None:
+        async with Backend(chunks) as backend:
+            async with httpx.AsyncClient(transport=Transport(max_response_bytes=4096), base_url=backend.url) as client:
+                with pytest.raises(ResponseTooLarge):
+                    await client.get("/")
+                with pytest.raises(httpx.RemoteProtocolError):
+                    await client.get("/bad")
+            async with httpx.AsyncClient(transport=Transport(max_response_bytes=8192), base_url=backend.url) as client:
+                assert (await client.get("/")).content == b"a" * 8192
+                assert (await client.get("/")).content == b"a" * 8192
+            assert backend.connections == 3
+    run(main())
+
+
+def _reference_instrument_upstream(upstream: Any, metrics: Any) -> None:
+    """`sidecar.metrics.instrument_upstream` before h19u (``labels()`` per call), the reference below."""
+    import time
+    from functools import wraps
+
+    call = upstream.call
+
+    @wraps(call)
+    async def timed(method: str, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        outcome = "error"
+        try:
+            result = await call(method, *args, **kwargs)
+            outcome = "ok"
+            return result
+        finally:
+            metrics.backend.labels(method, outcome).observe(time.perf_counter() - t0)
+
+    upstream.call = timed
+
+
+def test_upstream_timing_wrapper_counts_as_the_reference() -> None:
+    """The backend-call histogram (bound label children, one observe) holds the series and counts the
+    per-call ``labels()`` wrapper recorded (bucket placement depends on timing), for answers, errors and cancellations, and the
+    wrapper returns and raises what the call did."""
+    from sidecar.metrics import Metrics, instrument_upstream
+
+    class Calls:
+        async def call(self, method: str, segments: list[str], **kw: Any) -> Any:
+            if segments[0] == "fail":
+                raise UpstreamError("backend unreachable")
+            if segments[0] == "cancel":
+                raise asyncio.CancelledError()
+            if segments[0] == "boom":
+                raise RuntimeError("x")
+            return {"m": method, "kw": kw}
+
+    script = [("GET", ["a"]), ("POST", ["fail"]), ("POST", ["a"]), ("DELETE", ["cancel"]), ("GET", ["a"]),
+              ("PUT", ["boom"]), ("POST", ["fail"]), ("GET", ["a"])]
+
+    def samples(metrics: Metrics) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for fam in metrics.registry.collect() if fam.name == "memwarden_backend_request_duration_seconds"
+                      for s in fam.samples if s.name.endswith("_count") or s.labels.get("le") == "+Inf")
+
+    async def drive(wrap: Any) -> tuple[list[Any], Metrics]:
+        metrics, up = Metrics(), Calls()
+        wrap(up, metrics)
+        seen: list[Any] = []
+        for method, segs in script:
+            try:
+                seen.append(await up.call(method, segs, json_body={"k": 1}))
+            except (UpstreamError, RuntimeError, asyncio.CancelledError) as exc:
+                seen.append(type(exc).__name__)
+        return seen, metrics
+
+    new_seen, new_metrics = asyncio.run(drive(instrument_upstream))
+    ref_seen, ref_metrics = asyncio.run(drive(_reference_instrument_upstream))
+    assert new_seen == ref_seen and new_seen[0] == {"m": "GET", "kw": {"json_body": {"k": 1}}}
+    assert samples(new_metrics) == samples(ref_metrics)
+    counts = {dict(labels)["method"] + "/" + dict(labels)["outcome"]: v for name, labels, v in samples(new_metrics)
+              if name.endswith("_count")}
+    assert counts == {"GET/ok": 3, "POST/error": 2, "POST/ok": 1, "DELETE/error": 1, "PUT/error": 1}
+
+
+def test_a_connection_with_bytes_nobody_asked_for_is_not_reused(Transport: Any) -> None:
+    """Bytes arriving after a complete answer, while the connection sits in the pool: the connection is
+    dropped, the next request goes on a new one and gets its own answer."""
+    async def late_junk(conn: int, n: int, raw: bytes) -> list[Any]:
+        return [ok(b'{"conn":%d}' % conn), 0.05, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+
+    async def main() -> None:
+        async with Backend(late_junk) as backend:
+            async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
+                for i in range(3):
+                    assert (await client.get("/")).json() == {"conn": i}
+                    await asyncio.sleep(0.1)
+            assert backend.connections == 3
+    run(main())
