@@ -280,6 +280,32 @@ def _rows_of(cols: dict[str, list[Any]], n: int) -> list[dict[str, Any]]:
     return [dict(zip(names, values)) for values in zip(*cols.values())]
 
 
+# The columns of a query answer, in Chroma's order; ``ids`` is always a list.
+QUERY_COLUMNS = ("ids", "distances", "documents", "metadatas", "embeddings", "uris")
+DEFAULT_QUERY_INCLUDE = ("metadatas", "documents", "distances")
+
+
+def _query_result(ranked: list[list[dict[str, Any]]], include: Any, included: Any) -> dict[str, Any]:
+    """The columnar answer of a query: per column of `QUERY_COLUMNS`, one list per query embedding of
+    its rows' values (``None`` for a row without it) — or ``None`` when no row has the column and the
+    request's `include` (default `DEFAULT_QUERY_INCLUDE`) does not name it; then ``included``: Chroma's
+    `included` or else the request's include."""
+    if include is None:
+        include = list(DEFAULT_QUERY_INCLUDE)
+    keys: set[str] = set()
+    for rows in ranked:
+        for r in rows:
+            keys.update(r)
+    out: dict[str, Any] = {}
+    for key in QUERY_COLUMNS:
+        if key == "ids" or key in keys or key in include:
+            out[key] = [[r.get(key) for r in rows] for rows in ranked]
+        else:
+            out[key] = None
+    out["included"] = included if included is not None else include
+    return out
+
+
 class ChromaProfile:
     """Chroma v2 routes → Cedar actions, ledger updates and row filtering."""
 
@@ -859,6 +885,17 @@ class ChromaProfile:
             return rows
         return well_formed_rows(ex, BACKEND, rows, lambda r: r.get("ids"), depth)
 
+    def _query_rows(self, ex: Exchange, resp: dict[str, Any], m: int) -> list[list[dict[str, Any]]]:
+        """Per query embedding of a Chroma query answer for `m` of them (``resp["ids"]``: `m` lists), its
+        ranked rows (`_rows`): query ``j`` holds item ``j`` of every column that is a list of `m` lists
+        (``included`` aside), keyed in the answer's order; an item that is not a list leaves the column out."""
+        cols = [(key, v) for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == m]
+        out: list[list[dict[str, Any]]] = []
+        for j in range(m):
+            sub = {key: v[j] for key, v in cols}  # an item that is not a list is no column of `_rows`
+            out.append(self._rows(ex, sub, len(resp["ids"][j])))
+        return out
+
     def _check_filters(self, body: dict[str, Any]) -> None:
         for name in ("where", "where_document"):
             if body.get(name) is not None:
@@ -1008,10 +1045,7 @@ class ChromaProfile:
                     or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
-            per_query: list[list[dict[str, Any]]] = []
-            for j in range(len(pending)):
-                sub = {key: v[j] for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == len(pending) and isinstance(v[j], list)}
-                per_query.append(self._rows(ex, sub, len(resp["ids"][j])))
+            per_query = self._query_rows(ex, resp, len(pending))
             async with self.authz.prefetched(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
                                              [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]]):
                 taken = self._first_readable(ex, rec, per_query, k, keep)
@@ -1029,23 +1063,11 @@ class ChromaProfile:
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
-        out: dict[str, Any] = {}
-        keys = set()
         for rows in final.values():
             self._decorate(ex, rec, rows)
-            for r in rows:
-                keys.update(r.keys())
-        include = body.get("include")
-        if include is None:
-            include = ["metadatas", "documents", "distances"]
-        for key in ("ids", "distances", "documents", "metadatas", "embeddings", "uris"):
-            if key == "ids" or key in keys or key in include:
-                out[key] = [[r.get(key) for r in final[i]] for i in range(len(embeddings))]
-            else:
-                out[key] = None
-        out["included"] = included if included is not None else include
-        ex.row_ids = [r["ids"] for i in range(len(embeddings)) for r in final[i]]
-        return 200, out
+        ranked = [final[i] for i in range(len(embeddings))]
+        ex.row_ids = [r["ids"] for rows in ranked for r in rows]
+        return 200, _query_result(ranked, body.get("include"), included)
 
     def _first_readable(self, ex: Exchange, rec: CollectionRecord, ranked: list[list[dict[str, Any]]],
                         k: int, keep: Any) -> list[list[dict[str, Any]]]:
@@ -1057,21 +1079,29 @@ class ChromaProfile:
         decided: dict[str, bool] = {}
         taken: list[list[dict[str, Any]]] = [[] for _ in ranked]
         pos = [0] * len(ranked)
+        get = decided.get
         while True:
             wanted: list[str] = []
             for j, rows in enumerate(ranked):
-                while pos[j] < len(rows) and len(taken[j]) < k and rows[pos[j]]["ids"] in decided:
-                    if decided[rows[pos[j]]["ids"]]:
-                        taken[j].append(rows[pos[j]])
-                    pos[j] += 1
-                need = k - len(taken[j])
+                got = taken[j]
+                p, end = pos[j], len(rows)
+                while p < end and len(got) < k:
+                    d = get(rows[p]["ids"])
+                    if d is None:
+                        break
+                    if d:
+                        got.append(rows[p])
+                    p += 1
+                pos[j] = p
+                need = k - len(got)
                 if need > 0:
-                    wanted += [r["ids"] for r in rows[pos[j]:pos[j] + need] if r["ids"] not in decided]
-            wanted = list(dict.fromkeys(wanted))
+                    wanted += [r["ids"] for r in rows[p:p + need] if r["ids"] not in decided]
             if not wanted:
                 return taken
+            wanted = list(dict.fromkeys(wanted))
             allowed = keep(wanted)
-            decided.update({i: i in allowed for i in wanted})
+            for i in wanted:
+                decided[i] = i in allowed
 
     # -- deletes ----------------------------------------------------------------------------
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
