@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import datetime
-import logging
-import logging.handlers
 import os
 import stat
 from pathlib import Path
@@ -26,6 +24,7 @@ from hypothesis import strategies as st
 from sidecar import decisionlog
 from sidecar.decisionlog import IsoUtcStamper
 from sidecar.logsinks import RotatingFileLogger
+from tests.unit.test_logsink_lines import stdlib_sink  # the stdlib reference sink
 
 # -- the timestamp ----------------------------------------------------------------------------------
 
@@ -71,15 +70,6 @@ def test_the_default_chain_uses_it() -> None:
 
 
 # -- rotation ---------------------------------------------------------------------------------------
-
-
-def stdlib_sink(path: Path, max_bytes: int, backups: int) -> logging.Logger:
-    logger = logging.Logger(f"ref.{path}", level=logging.INFO)
-    logger.propagate = False
-    handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
-    return logger
 
 
 def files(d: Path) -> dict[str, bytes]:
