@@ -63,7 +63,8 @@ class Principal:
         ]
 
     def describe(self) -> str:
-        return f"{self.uid[0]}::{self.uid[1]}"
+        kind, ident = self.uid
+        return f"{kind}::{ident}"
 
 
 def agent_id(tenant: str, fleet: str, agent: str) -> str:

@@ -60,20 +60,19 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
         if logging.root.manager.disable >= logging.INFO:  # logging.disable(), as Logger.info honours it
             return
         text = line + self.terminator
-        self.acquire()
-        try:
+        with self.lock:  # `Handler.acquire`/`release` (the handler's RLock), as a context manager
             try:
-                if self._rolls_over(text):
-                    self.doRollover()
                 stream = self.stream
-                if stream is None:
-                    stream = self.stream = self._open()
+                if stream is None or self.maxBytes > 0:  # `_rolls_over` opens the stream when there is none
+                    if self._rolls_over(text):
+                        self.doRollover()
+                    stream = self.stream
+                    if stream is None:
+                        stream = self.stream = self._open()
                 stream.write(text)
                 stream.flush()  # each line reaches the OS before the call returns (Handler.flush, under our lock)
             except Exception:
                 self.handleError(logging.LogRecord(self.name or "memwarden.sink", logging.INFO, __file__, 0, line, None, None))
-        finally:
-            self.release()
 
     def _rolls_over(self, text: str) -> bool:
         """`RotatingFileHandler.shouldRollover` (CPython 3.11/3.12) on the formatted `text`, with one
@@ -108,11 +107,19 @@ class RotatingFileLogger:
         handler.setFormatter(logging.Formatter("%(message)s"))
         self._logger.addHandler(handler)
         self._handler = handler
+        # Every method name structlog may call is the handler's `write_line` itself, bound on the instance
+        # (no forwarding call per line); the class's `msg` below is the same thing for the type checker.
+        for name in _METHODS:
+            setattr(self, name, handler.write_line)
 
     def msg(self, message: str) -> None:
+        """Write the rendered `message` as one line (`_LineRotatingFileHandler.write_line`)."""
         self._handler.write_line(message)
 
     log = debug = info = warn = warning = err = error = critical = exception = failure = fatal = msg
+
+
+_METHODS = ("msg", "log", "debug", "info", "warn", "warning", "err", "error", "critical", "exception", "failure", "fatal")
 
 
 def logger_factory(sink: str = "stdout", path: Path | None = None, max_bytes: int = 100 * 1024 * 1024,

@@ -104,15 +104,26 @@ class Metrics:
         if child is None:
             child = self._requests_by_labels[labels] = self.requests.labels(*labels[:3], str(status))
         child.inc()
-        for result, n in (("allowed", ex.rows_allowed), ("denied", ex.rows_denied),
-                          ("superseded", ex.rows_hidden_superseded), ("deleted", ex.rows_hidden_deleted),
-                          ("unknown", ex.rows_unknown), ("malformed", ex.rows_malformed)):
-            if n:
-                row_child = self._rows_by_result.get(result)
-                if row_child is None:
-                    row_child = self._rows_by_result[result] = self.rows.labels(result)
-                row_child.inc(n)
+        # The row counts by result, in this order; most are 0 (a request counts nothing for them).
+        if n := ex.rows_allowed:
+            self._row_child("allowed").inc(n)
+        if n := ex.rows_denied:
+            self._row_child("denied").inc(n)
+        if n := ex.rows_hidden_superseded:
+            self._row_child("superseded").inc(n)
+        if n := ex.rows_hidden_deleted:
+            self._row_child("deleted").inc(n)
+        if n := ex.rows_unknown:
+            self._row_child("unknown").inc(n)
+        if n := ex.rows_malformed:
+            self._row_child("malformed").inc(n)
         self.request_duration.observe(ex.elapsed_us() / 1e6)
+
+    def _row_child(self, result: str) -> Any:
+        row_child = self._rows_by_result.get(result)
+        if row_child is None:
+            row_child = self._rows_by_result[result] = self.rows.labels(result)
+        return row_child
 
     def _cedar_child(self, action: str, allowed: bool) -> Any:
         child = self._cedar_by_labels.get((action, allowed))
