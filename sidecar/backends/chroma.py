@@ -945,8 +945,12 @@ class ChromaProfile:
                     finally:
                         self.authz.release(ex, BACKEND, rec.collection_id)
                 else:
-                    async with self.authz.prefetched(ex, BACKEND, rec.collection_id, batch_ids):  # off the loop (PostgreSQL)
+                    # `Authorizer.prefetched` written out (no async context manager per page on the hot path)
+                    await self.authz.prefetch(ex, BACKEND, rec.collection_id, batch_ids)  # off the loop (PostgreSQL)
+                    try:
                         allowed = keep(batch_ids)
+                    finally:
+                        self.authz.release(ex, BACKEND, rec.collection_id)
                 for row in batch:
                     if row["ids"] not in allowed:
                         continue
@@ -1046,9 +1050,13 @@ class ChromaProfile:
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
             per_query = self._query_rows(ex, resp, len(pending))
-            async with self.authz.prefetched(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
-                                             [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]]):
+            # `Authorizer.prefetched` written out (no async context manager per fetch on the hot path)
+            await self.authz.prefetch(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
+                                      [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]])
+            try:
                 taken = self._first_readable(ex, rec, per_query, k, keep)
+            finally:
+                self.authz.release(ex, BACKEND, rec.collection_id)
             still: list[int] = []
             for j, i in enumerate(pending):
                 exhausted = len(resp["ids"][j]) < n_fetch or n_fetch >= self.settings.max_scan_rows

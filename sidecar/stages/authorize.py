@@ -106,7 +106,7 @@ class Authorizer:
         capable = self._recheck_capable
         if capable is None or capable[0] is not ledger:
             capable = self._recheck_capable = (
-                ledger, getattr(ledger, "verified_principal", None) is not None and hasattr(ledger, "read_rows"))
+                ledger, getattr(ledger, "verified_principal", None) is not None and self._has_read_rows())
         if capable[1] and self.deferrable(ex.method, ex.segments):
             p = ledger.verified_principal(key)
             if p is not None:
