@@ -187,11 +187,23 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _row_from_tuple(t: tuple[Any, ...]) -> Row:
     """`_row_from_db` for a plain tuple in `_ROW_COLUMNS` order (a cursor without a row factory): the same
-    `Row`, built by position instead of by name, and with no JSON parse for empty readers, labels and extra
-    (the common case). Used on the SQLite read path (`SQLiteLedger.get_rows`)."""
-    (backend, collection, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, created_at, _updated_at,
+    `Row`, built by position instead of by name (`_row_from_read` of the tuple without ``updated_at`` and
+    ``fact_partition``, which no `Row` field holds)."""
+    return _row_from_read(t[:12] + t[13:26])
+
+
+# The columns `SQLiteLedger.get_rows` reads: `_ROW_COLUMNS` less ``updated_at`` and ``fact_partition`` (no `Row`
+# field holds them; two fewer values decoded per row on the read path).
+_READ_ROW_COLUMNS = ", ".join(c for c in (c.strip() for c in _ROW_COLUMNS.split(",")) if c not in ("updated_at", "fact_partition"))
+
+
+def _row_from_read(t: tuple[Any, ...]) -> Row:
+    """`_row_from_db` for a plain tuple in `_READ_ROW_COLUMNS` order: the same `Row`, built by position, and
+    with no JSON parse for empty readers, labels and extra (the common case). Used on the SQLite read path
+    (`SQLiteLedger.get_rows`)."""
+    (backend, collection, row_id, tenant, fleet, owner, scope, readers, labels, status, writer, created_at,
      request_id, subject, predicate, obj, extra, source, single_valued, supersedes_collection, supersedes_id,
-     superseded_by_collection, superseded_by, superseded_at, content_hmac, _partition) = t
+     superseded_by_collection, superseded_by, superseded_at, content_hmac) = t
     return Row(
         backend, collection, row_id, tenant, fleet, owner, scope, writer, created_at, status,
         _names(readers), _names(labels), request_id, subject, predicate, obj,
@@ -208,7 +220,7 @@ _GET_ROWS_SQL: dict[int, str] = {}  # `get_rows` statement text by number of ids
 def _get_rows_sql(n: int) -> str:
     sql = _GET_ROWS_SQL.get(n)
     if sql is None:
-        sql = _GET_ROWS_SQL.setdefault(n, f"SELECT {_ROW_COLUMNS} FROM rows WHERE backend = ? AND collection_id = ? "
+        sql = _GET_ROWS_SQL.setdefault(n, f"SELECT {_READ_ROW_COLUMNS} FROM rows WHERE backend = ? AND collection_id = ? "
                                           f"AND row_id IN ({','.join('?' * n)})")
     return sql
 
@@ -440,10 +452,10 @@ class SQLiteLedger:
         out: dict[str, Row] = {}
         with self._lock:
             cur = self._db.cursor()
-            cur.row_factory = None  # plain tuples, read by position (`_row_from_tuple`)
+            cur.row_factory = None  # plain tuples, read by position (`_row_from_read`)
             for chunk in _chunks(list(dict.fromkeys(row_ids))):
                 for t in cur.execute(_get_rows_sql(len(chunk)), (backend, collection_id, *chunk)):
-                    out[t[2]] = _row_from_tuple(t)
+                    out[t[2]] = _row_from_read(t)
         return out
 
     def reserve_rows(self, rows: list[Row]) -> list[str]:

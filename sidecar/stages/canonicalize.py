@@ -299,6 +299,23 @@ def _valid_tree(value: Any, max_depth: int) -> bool:
                         return False
                     strings.extend(item)
                     continue
+                if types == {dict}:  # a column of objects (a backend's metadatas): each walked here, not stacked
+                    d = depth + 1
+                    if d > max_depth:  # the list, or the objects in it, too deep
+                        return False
+                    d += 1
+                    for obj in item:
+                        strings.extend(obj)
+                        for child in obj.values():
+                            t = type(child)
+                            if t is str:
+                                strings.append(child)
+                            elif t is float:
+                                if not _FINITE(child):
+                                    return False
+                            elif t not in _NO_CHECK:
+                                stack.append((child, d))
+                    continue
         elif t is str:
             strings.append(item)
             continue

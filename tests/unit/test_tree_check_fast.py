@@ -38,6 +38,9 @@ trees = st.recursive(
         st.lists(st.text(max_size=3) | st.just("\udc00"), max_size=20),
         st.lists(st.text(max_size=3), min_size=9, max_size=20),
         st.dictionaries(st.text(max_size=3) | st.just("\ud801"), kids, max_size=4),
+        # more than 8 objects: the bulk path of a column of objects (flat, as backend metadatas are, or nested)
+        st.lists(st.dictionaries(st.text(max_size=3) | st.just("\ud801"), scalars, max_size=3), min_size=9, max_size=12),
+        st.lists(st.dictionaries(st.text(max_size=2), kids, max_size=2), min_size=9, max_size=10),
         st.builds(DictSub, st.dictionaries(st.text(max_size=2), kids, max_size=3)),
     ),
     max_leaves=40,
@@ -65,6 +68,9 @@ def test_bulk_check_agrees_with_the_reference_walk(value: object, depth: int) ->
     (["a"] * 10 + ["\ud800"], 1, False), ({"\udfff": 1}, 1, False), ([2 ** 80, 1.5], 1, True),
     ({"a": {"b": {}}}, 2, False), ({"a": {"b": {}}}, 3, True), ([[], [[]]], 2, False),
     ([[1.0] * 20], 1, False), ([["a"] * 20], 1, False), ([["a"] * 20], 2, True), (["a"] * 20 + ["\udfff"], 1, False),
+    ([{}] * 9, 1, False), ([{}] * 9, 2, True), ([{"a": 1.0}] * 9 + [{"b": math.nan}], 2, False),
+    ([{"a": "x"}] * 9 + [{"b": "\ud800"}], 2, False), ([{"a": "x"}] * 9 + [{"\ud800": 1}], 2, False),
+    ([{"a": [1]}] * 9, 2, False), ([{"a": [1]}] * 9, 3, True), ([{"a": {"b": [math.inf]}}] * 9, 5, False),
 ])
 def test_bulk_check_cases(value: object, depth: int, ok: bool) -> None:
     assert c._valid_tree(value, depth) is ok
