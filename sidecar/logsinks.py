@@ -29,7 +29,12 @@ _MASK_KEY = os.urandom(32)
 
 
 class MaskFields:
-    """structlog processor: mask the values of `names` (never the event name or level)."""
+    """structlog processor: mask the values of `names` (never the event name or level).
+
+    A value is replaced by ``mask:`` + the first 16 hex digits of HMAC-SHA256 (a random per-process key)
+    of its text's UTF-8 bytes; a lone surrogate (possible in a row id a backend sent as ``"\\ud800"``) is
+    encoded with ``surrogatepass``, so such a value is masked too instead of failing the event (a text
+    without one hashes the bytes it always did; texts with and without surrogates never share bytes)."""
 
     def __init__(self, names: list[str] | tuple[str, ...]) -> None:
         self.names = frozenset(n for n in names if n and n not in ("event", "level", "timestamp"))
@@ -40,7 +45,7 @@ class MaskFields:
             return None
         if isinstance(value, (list, tuple)):
             return [MaskFields._mask(v) for v in value]
-        digest = hmac.new(_MASK_KEY, str(value).encode("utf-8"), hashlib.sha256).hexdigest()[:16]
+        digest = hmac.new(_MASK_KEY, str(value).encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:16]
         return f"mask:{digest}"
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
