@@ -267,7 +267,6 @@ def _check_tree(value: Any, max_depth: int) -> None:
 
 
 _FINITE = math.isfinite
-_fsum = math.fsum
 _NO_CHECK = frozenset({int, bool, type(None)})
 
 
@@ -388,13 +387,15 @@ def _fast_members(value: Any, max_depth: int) -> int:
             children = item
             if len(item) > 8:
                 try:  # numbers only (no str, None or container: abs refuses those): one bound for all
-                    total = _fsum(map(abs, item))
+                    total = sum(map(abs, item))
                 except (TypeError, OverflowError):
                     total = None
                 if total is not None:
-                    # fsum is correctly rounded, so it is at least the largest |x| (rounding is monotone):
-                    # below the bound, every float is finite and below it, every int is in the signed
-                    # 64-bit range (-2**63 itself is refused here and checked by the reference). NaN fails.
+                    # Every partial sum of non-negative terms is at least each term added so far (rounding is
+                    # monotone; an exact int sum while all are ints), so the total is at least the largest |x|:
+                    # below the bound, every float is finite and below it, every int is in the signed 64-bit
+                    # range (-2**63 itself is refused here and checked by the reference). NaN and inf fail.
+                    # A total that rounds up to the bound only sends the text to the reference parser.
                     if depth > max_depth or not total < bound:
                         return -1
                     continue
