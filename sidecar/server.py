@@ -113,27 +113,60 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._deadline: asyncio.TimerHandle | None = None
+            # One deadline per connection (idle, or headers), kept as a value: `_due` (loop time) and
+            # `_on_due` (what to do then), or None when nothing is due. At most one timer handle runs,
+            # `_timer`, set for `_timer_at` <= `_due`; when it fires before `_due` (the deadline moved
+            # later since) it is set again for the rest, so a request moves the value, not a timer.
+            self._due: float | None = None
+            self._on_due: Any = None
+            self._timer: asyncio.TimerHandle | None = None
+            self._timer_at = 0.0
             self._waiting_since = time.monotonic()
             self._in_flight = False
 
         # -- timers ------------------------------------------------------------------------------
         def _arm(self, seconds: float, handler: Any) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, handler)
+            loop = self.loop
+            due = loop.time() + seconds
+            self._due = due
+            self._on_due = handler
+            timer = self._timer
+            if timer is None or self._timer_at > due:  # no timer, or one set for later than the new deadline
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_later(seconds, self._fire)
+                self._timer_at = due
 
         def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+            self._due = None  # a running timer finds nothing due when it fires
+
+        def _fire(self) -> None:
+            self._timer = None
+            due = self._due
+            if due is None:
+                return
+            loop = self.loop
+            rest = due - loop.time()
+            if rest > 0:  # the deadline moved since the timer was set: wait for the rest (at least 1 ms,
+                # uvloop's granularity, so a timer rounded short is not set again and again for nothing)
+                rest = max(rest, 0.001)
+                self._timer = loop.call_later(rest, self._fire)
+                self._timer_at = due
+                return
+            self._due = None
+            self._on_due()
+
+        def _stop_timer(self) -> None:
+            self._due = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def _close_idle(self) -> None:
-            self._deadline = None
             if not self.transport.is_closing():
                 self.transport.close()
 
         def _headers_too_slow(self) -> None:
-            self._deadline = None
             if not self.transport.is_closing():
                 self.transport.write(REQUEST_TIMEOUT)
                 self.transport.close()
@@ -149,7 +182,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                            and c._evictable()]
                 if waiting:
                     oldest = min(waiting, key=lambda c: c._waiting_since)
-                    oldest._disarm()
+                    oldest._stop_timer()
                     oldest.transport.close()
                 else:
                     transport.write(OVERLOADED)
@@ -158,7 +191,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._arm(self._limits.idle_timeout_s, self._close_idle)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._stop_timer()
             super().connection_lost(exc)
 
         # -- parser callbacks --------------------------------------------------------------------
@@ -174,12 +207,21 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            if self.pipeline:  # a pipelined request is waiting: uvicorn starts it
+                super().on_response_complete()
+                self._in_flight = False
+                self._waiting_since = time.monotonic()
+                if not self.transport.is_closing() and not self.pipeline:
+                    self._arm(self._limits.idle_timeout_s, self._close_idle)
+                return
+            # uvicorn's own, without arming its keep-alive timer (ours, the same bound, replaces it)
+            self.server_state.total_requests += 1
             self._in_flight = False
             self._waiting_since = time.monotonic()
-            if not self.transport.is_closing() and not self.pipeline:
-                # uvicorn armed its own keep-alive timer; ours replaces it with the same bound
-                self._unset_keepalive_if_required()
-                self._arm(self._limits.idle_timeout_s, self._close_idle)
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            self._arm(self._limits.idle_timeout_s, self._close_idle)
 
     return GuardedHttpToolsProtocol

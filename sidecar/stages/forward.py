@@ -15,6 +15,7 @@ as before. Client bodies are parsed by the strict parser of `sidecar.stages.cano
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +28,23 @@ from sidecar.stages.http1 import IDEMPOTENT_METHODS, Http1Transport, ResponseToo
 
 IDEMPOTENT = {"memwarden.idempotent": True}
 MAX_URL_LENGTH = 65536  # httpx refuses longer URLs (InvalidURL); such a call keeps going through httpx.Request
+
+# The characters `urllib.parse.quote` always keeps (its ``_ALWAYS_SAFE``: ASCII letters, digits, ``_.-~``): a
+# text made of them only is what ``quote(text, safe="")`` returns.
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+
+
+def quoted_path(segments: list[str]) -> str:
+    """``"/".join(quote(s, safe="") for s in segments)``, without a `quote` call per segment when every
+    character of every segment is one `quote` keeps (the segments of a Chroma path: names, UUIDs, verbs)."""
+    if type(segments) is list:
+        try:
+            plain = _UNRESERVED("".join(segments))
+        except TypeError:  # a segment that is not a str: `quote` decides (bytes are quoted, others refused)
+            plain = None
+        if plain is not None:
+            return "/".join(segments)
+    return "/".join(quote(s, safe="") for s in segments)
 
 
 def encode(value: Any) -> bytes:
@@ -103,7 +121,7 @@ class Upstream:
         Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `UpstreamError` or
         `BackendClientError` (status and the backend's error text).
         """
-        path = self._prefix + "/" + "/".join(quote(s, safe="") for s in segments)
+        path = self._prefix + "/" + quoted_path(segments)
         if params:
             path += "?" + str(httpx.QueryParams(params))
         content = None if json_body is None else encode(json_body)
