@@ -384,6 +384,8 @@ class Provenance:
         visible = (self.authz.readable(ex, self.backend, collection, targets, include_superseded=True, count=False)
                    if targets else set())
         out: dict[str, dict[str, str]] = {}
+        if not visible:  # no readable target: no row shows a link
+            return out
         for row_id, lr in rows.items():
             meta = {key: pair[1] for key, pair in (("mw_supersedes_id", lr.supersedes), ("mw_superseded_by", lr.superseded_by))
                     if pair is not None and pair[0] == collection and pair[1] in visible}
