@@ -87,6 +87,14 @@ class CoalescingTransport:
             self._held = None
             self._transport.write(held + data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write `data` after what is held, now (a whole response: nothing to wait for)."""
+        held = self._held
+        if held is None:
+            self._transport.write(data)
+        else:
+            self.write(data)
+
     def flush(self) -> None:
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
