@@ -1,4 +1,4 @@
-"""The SQLite ledger's positional row construction (`_row_from_tuple`, used by `SQLiteLedger.get_rows`)
+"""The SQLite ledger's positional row construction (`_row_from_tuple`; `SQLiteLedger.get_rows` and its column path)
 against the reference: the name-based `_row_from_db` over ``sqlite3.Row`` of the same stored rows, for rows
 with every field populated and empty (readers, labels, extra, supersession pairs, content HMAC, NULLs)."""
 
