@@ -215,12 +215,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
-            if self.pipeline:  # a pipelined request is waiting: uvicorn starts it
+            if self.pipeline:  # a pipelined request is waiting: uvicorn starts it, so one is in flight again:
+                # no idle deadline and not evictable until its response completes (its headers disarmed the
+                # header deadline when they arrived)
                 super().on_response_complete()
-                self._in_flight = False
                 self._waiting_since = time.monotonic()
-                if not self.transport.is_closing() and not self.pipeline:
-                    self._arm(self._limits.idle_timeout_s, self._close_idle)
                 return
             # uvicorn's own, without arming its keep-alive timer (ours, the same bound, replaces it)
             self.server_state.total_requests += 1

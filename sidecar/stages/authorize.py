@@ -342,15 +342,38 @@ class Authorizer:
         p = ex.principal
         owners = self.owners(ex, rows)
         by_owner = "owner" in attrs
-        owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if by_owner else {}
+        # Rows are first grouped by the very tuple `class_values` answered (one object per class while it is
+        # kept there; a row it computes afresh gets a group of its own), by identity: an int key, where the
+        # class key itself is a nested tuple hashed at every look-up. Each group's class key is then built
+        # once and the groups deduplicated by key equality, in the order of their first row, as before.
+        # `held` keeps every tuple alive until the end, so no identity is reused within the call.
+        slot_of: dict[int, int] = {}
+        held: list[tuple[Any, ...]] = []
+        group_rows: list[Row] = []
+        index: list[int] = []
+        for row in rows:
+            values = class_values(row, attrs)
+            i = slot_of.get(id(values))
+            if i is None:
+                i = slot_of[id(values)] = len(held)
+                held.append(values)
+                group_rows.append(row)
+            index.append(i)
         head = (p.kind, p.uid, p.trust, p.roles, action)
         memo: dict[Any, Decision] = engine.class_memo
+        owner_keys: dict[str, str | None] = {}
         keys: list[Any] = []
         known: dict[Any, Decision] = {}
         wanted: dict[Any, Row] = {}
-        for row in rows:
-            values = class_values(row, attrs)
-            k = (head, values + (owner_keys.get(row.owner),) if by_owner else values)
+        for values, row in zip(held, group_rows):
+            if by_owner:
+                owner = row.owner
+                okey = owner_keys.get(owner, _NO_KEY)
+                if okey is _NO_KEY:
+                    okey = owner_keys[owner] = canonical_json(owners[owner]) if owner in owners else None
+                k = (head, values + (okey,))
+            else:
+                k = (head, values)
             keys.append(k)
             if k in known or k in wanted:
                 continue
@@ -368,28 +391,36 @@ class Authorizer:
                     if len(memo) >= CLASS_MEMO_SIZE:
                         memo.clear()
                     memo[k] = d
-        decisions = [known[k] for k in keys]
-        return self._record_rows(ex, p, action, rows, decisions)
+        group_decisions = [known[k] for k in keys]
+        decisions = [group_decisions[i] for i in index]
+        return self._record_rows(ex, p, action, rows, decisions, group_decisions)
 
-    def _record_rows(self, ex: Exchange, p: Principal, action: str, rows: list[Row], decisions: list[Decision]
-                     ) -> list[Decision]:
+    def _record_rows(self, ex: Exchange, p: Principal, action: str, rows: list[Row], decisions: list[Decision],
+                     distinct: list[Decision] | None = None) -> list[Decision]:
         """`_record` of `decisions` (one per row of `rows`, asked as `p` for `action`), without building the
         rows' Cedar requests when no decision has an evaluation error or a shadow would-deny (then `_record`
-        reads only the decisions: their policies, and the reason of the latest denial). Returns `decisions`."""
-        if any(d.errors or d.would_deny for d in decisions):
+        reads only the decisions: their policies, and the reason of the latest denial). `distinct`: every
+        decision object of `decisions`, in the order of first appearance there (repeats allowed), when the
+        caller has them. Returns `decisions`."""
+        if distinct is None:
+            distinct = decisions
+        if any(d.errors or d.would_deny for d in distinct):
             return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
-        latest_denial: Decision | None = None
-        distinct: dict[int, Decision] = {}
-        for d in decisions:
-            distinct[id(d)] = d  # rows of one class share their Decision object
-            if not d.allowed:
-                latest_denial = d
-        for d in distinct.values():
+        seen: dict[int, Decision] = {}
+        denied = False
+        for d in distinct:
+            if id(d) in seen:  # rows of one class share their Decision object
+                continue
+            seen[id(d)] = d
             ex.policies.update(d.policies)
             if not d.allowed:
+                denied = True
                 ex.deny_policies.update(d.policies or d.error_policies)
-        if latest_denial is not None:
-            ex.reason = latest_denial.reason
+        if denied:
+            for d in reversed(decisions):
+                if not d.allowed:
+                    ex.reason = d.reason  # the latest denial's
+                    break
         return decisions
 
     async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str], always: bool = False) -> None:
@@ -569,6 +600,7 @@ def _plain(fields: tuple[Any, ...]) -> bool:
 
 
 _ABSENT = "\x00absent"
+_NO_KEY: Any = object()  # `decide_rows`: an owner whose key is not computed yet
 
 
 def servable(row: Row, include_superseded: bool = False, as_of: int | None = None) -> bool:

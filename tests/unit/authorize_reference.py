@@ -1,71 +1,74 @@
-"""The request-level Cedar decision as it was before `Authorizer.require_keyed` (commit fe121ba): `require`
-builds the resource's uid text, `_request_decision` keys the memo by the canonical JSON of the entities,
-builds the `CedarRequest` every time and hands it to `PolicyHandle.decide_request` (then
-`PolicyEngine.decide_keyed`), and `Authorizer._record` records the answer. Kept as the reference of
-`tests/unit/test_require_keyed.py`; functions of an `Authorizer` (its policy handle and `_record`)."""
+"""Earlier code of `sidecar.stages.authorize`, kept as test references."""
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any
 
-from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal
+from sidecar.governance import Principal, Row
 from sidecar.policy import CedarRequest, Decision, canonical_json
+from sidecar.stages.authorize import CLASS_MEMO_SIZE, Authorizer, class_values
 
 
-def decide_keyed(engine: Any, key: Any, request: CedarRequest, entities: Callable[[], list[dict[str, Any]]]) -> Decision:
-    hit = engine._keyed_memo.get(key)
-    if hit is not None:
-        return hit
-    decision = engine.decide([request], entities())[0]
-    if not decision.errors:
-        if len(engine._keyed_memo) >= engine.MEMO_SIZE:
-            engine._keyed_memo.pop(next(iter(engine._keyed_memo)), None)
-        engine._keyed_memo[key] = decision
-    return decision
+class Authorizer_fe121ba(Authorizer):
+    """`decide_rows` and `_record_rows` as of fe121ba (a class key built and hashed per row)."""
 
+    def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
+        assert ex.principal is not None
+        if not rows:
+            return []
+        if ex.policy_set is None:
+            ex.policy_set = self.policy.current
+        engine = ex.policy_set.engine
+        attrs = getattr(engine, "row_classes", None)
+        if contexts is not None or attrs is None:
+            return self.decide(ex, *self.row_batch(ex.principal, action, rows, contexts, self.owners(ex, rows)))
+        p = ex.principal
+        owners = self.owners(ex, rows)
+        by_owner = "owner" in attrs
+        owner_keys = {uid: canonical_json(e) for uid, e in owners.items()} if by_owner else {}
+        head = (p.kind, p.uid, p.trust, p.roles, action)
+        memo: dict[Any, Decision] = engine.class_memo
+        keys: list[Any] = []
+        known: dict[Any, Decision] = {}
+        wanted: dict[Any, Row] = {}
+        for row in rows:
+            values = class_values(row, attrs)
+            k = (head, values + (owner_keys.get(row.owner),) if by_owner else values)
+            keys.append(k)
+            if k in known or k in wanted:
+                continue
+            d = memo.get(k)
+            if d is None:
+                wanted[k] = row
+            else:
+                known[k] = d
+        if wanted:
+            reps = list(wanted.values())
+            requests, entities = self.row_batch(p, action, reps, None, owners, extra_rows=rows)
+            for k, d in zip(wanted, self.policy.decide(requests, entities, ex.policy_set)):
+                known[k] = d
+                if not d.errors and not d.would_deny:
+                    if len(memo) >= CLASS_MEMO_SIZE:
+                        memo.clear()
+                    memo[k] = d
+        decisions = [known[k] for k in keys]
+        return self._record_rows(ex, p, action, rows, decisions)
 
-def decide_request(handle: Any, key: Any, request: CedarRequest, entities: Callable[[], list[dict[str, Any]]],
-                   policy_set: Any = None) -> Decision:
-    ps = policy_set or handle.current
-    if handle.shadow:
-        return handle.decide([request], entities(), ps)[0]
-    t0 = time.perf_counter()
-    decision = decide_keyed(ps.engine, key, request, entities)
-    handle.metrics.observe_cedar([request.action], [decision.allowed], time.perf_counter() - t0)
-    for pid in decision.error_policies:
-        handle.metrics.cedar_evaluation_errors.labels(request.action, pid).inc()
-    return decision
-
-
-def request_decision(authz: Any, ex: Exchange, p: Principal, action: str, resource: dict[str, Any],
-                     extra: list[dict[str, Any]] | None) -> Decision:
-    has_keyed = getattr(authz.policy, "decide_request", None) is not None
-    try:
-        key = (p, action, canonical_json([resource, *(extra or ())])) if has_keyed else None
-        hash(key)
-    except TypeError:
-        key = None
-    if key is None:
-        return authz.decide(ex, *authz.request_batch(p, action, resource, extra))[0]
-    if ex.policy_set is None:
-        ex.policy_set = authz.policy.current
-    uid = resource["uid"]
-    request = CedarRequest(p.uid, action, (uid["type"], uid["id"]))
-    decision = decide_request(authz.policy, key, request, lambda: authz.request_batch(p, action, resource, extra)[1],
-                              ex.policy_set)
-    return authz._record(ex, [request], [decision])[0]
-
-
-def require(authz: Any, ex: Exchange, action: str, resource: dict[str, Any], extra: list[dict[str, Any]] | None = None) -> None:
-    p = ex.principal
-    assert p is not None
-    uid = resource["uid"]
-    ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
-    decision = request_decision(authz, ex, p, action, resource, extra)
-    if not decision.allowed:
-        ex.decision = "deny"
-        raise Forbidden(f"{action} is not permitted", reason=decision.reason)
-    ex.decision = "allow"
+    def _record_rows(self, ex: Exchange, p: Principal, action: str, rows: list[Row], decisions: list[Decision],
+                     *_: Any) -> list[Decision]:
+        if any(d.errors or d.would_deny for d in decisions):
+            return self._record(ex, [CedarRequest(p.uid, action, r.uid) for r in rows], decisions)
+        latest_denial: Decision | None = None
+        distinct: dict[int, Decision] = {}
+        for d in decisions:
+            distinct[id(d)] = d  # rows of one class share their Decision object
+            if not d.allowed:
+                latest_denial = d
+        for d in distinct.values():
+            ex.policies.update(d.policies)
+            if not d.allowed:
+                ex.deny_policies.update(d.policies or d.error_policies)
+        if latest_denial is not None:
+            ex.reason = latest_denial.reason
+        return decisions

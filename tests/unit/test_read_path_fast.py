@@ -25,6 +25,7 @@ from sidecar.ledger import SQLiteLedger
 from sidecar.ledger.sqlite import _ROW_COLUMNS, _N_ROW_COLUMNS, _row_to_db
 from sidecar.policy import CedarRequest, Decision, PolicyEngine, canonical_json
 from sidecar.stages import authorize
+from tests.unit.authorize_reference import Authorizer_fe121ba
 from sidecar.stages.authorize import (CLASS_MEMO_SIZE, DELETED_ROW, SUPERSEDED_ROW, UNKNOWN_ROW, Authorizer, class_values,
                                       servable, tally)
 
@@ -139,6 +140,7 @@ class Handle:
     engine: PolicyEngine
     shadow: bool = False
     calls: list[int] = field(default_factory=list)
+    sent: list[tuple[Any, ...]] = field(default_factory=list)  # every Cedar call: its requests and entity store
 
     @property
     def current(self) -> Any:
@@ -150,6 +152,7 @@ class Handle:
 
     def decide(self, requests: list[CedarRequest], entities: list[dict[str, Any]], ps: Any = None) -> list[Decision]:
         self.calls.append(len(requests))
+        self.sent.append((tuple(requests), canonical_json(entities)))
         out = self.engine.decide(requests, entities)
         if self.shadow:
             out = [d if d.allowed else dataclasses.replace(d, allowed=True, policies=(*d.policies, "shadow-mode:would-deny"),
@@ -296,3 +299,57 @@ def test_decide_rows_agrees_with_the_reference(rows: list[Row], principal: Princ
             got = authz.decide_rows(ex, action, rows)
         results[side] = (same(got), decision_fields(ex), logs)
     assert results["new"] == results["old"]
+
+
+# -- decide_rows against fe121ba (rows grouped by their class values' identity) ------------------------------
+def sharing(decisions: list[Decision]) -> list[int]:
+    """Which rows share one Decision object (`_record_rows` deduplicates by identity): per row, the index of
+    the first row with the same object."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(d), i) for i, d in enumerate(decisions)]
+
+
+ENGINES_FE121BA = {(s, sh, side): engine_for(text, True) for s, text in SOURCES.items() for sh in (False, True)
+                   for side in ("new", "old")}
+any_rows = ledger_rows | odd_rows
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(any_rows, max_size=12), repeat=st.lists(st.integers(0, 11), max_size=4),
+       principal=st.sampled_from(PRINCIPALS), source=st.sampled_from(sorted(SOURCES)), shadow=st.booleans(),
+       action=st.sampled_from(["read", "delete", "update"]), twice=st.booleans())
+def test_decide_rows_agrees_with_fe121ba(rows: list[Row], repeat: list[int], principal: Principal, source: str,
+                                         shadow: bool, action: str, twice: bool) -> None:
+    """Against the per-row class keys of fe121ba: the same decisions (and the same rows sharing one Decision
+    object), the same Cedar calls (requests, entity store, batch sizes: the metrics' inputs), the same exchange
+    fields and log lines, on plain ledger rows, rows with Cedar attributes in `extra`, rows whose fields are of
+    other types that compare equal (1, True, 1.0: equal tuples, different class keys), the same Row object
+    more than once, owners the ledger does not know; the second time from the class memo."""
+    rows = rows + [rows[i] for i in repeat if i < len(rows)]
+    results = {}
+    for side, cls in (("new", Authorizer), ("old", Authorizer_fe121ba)):
+        handle = Handle(ENGINES_FE121BA[(source, shadow, side)], shadow)
+        authz = cls(handle, LEDGER)  # type: ignore[arg-type]
+        out = []
+        with capture_logs() as logs:
+            for _ in range(2 if twice else 1):
+                ex = Exchange("POST", "/", principal=principal, request_id="r")
+                got = authz.decide_rows(ex, action, rows)
+                out.append((same(got), sharing(got), decision_fields(ex)))
+        results[side] = (out, handle.calls, handle.sent, logs)
+    assert results["new"] == results["old"]
+
+
+def test_equal_fields_of_other_types_are_other_classes() -> None:
+    """Rows whose fields compare equal but are of other types (readers ``(1,)`` and ``(True,)``) get class values
+    computed afresh (`class_values`), so each is a group of its own and is keyed, as before, by its own values."""
+    authz = Authorizer(Handle(engine_for(DEFAULT, True)), LEDGER)  # type: ignore[arg-type]
+    ref = Authorizer_fe121ba(Handle(engine_for(DEFAULT, True)), LEDGER)  # type: ignore[arg-type]
+    base = Row("chroma", "c", "r", "t", "red", "t/red/a1", "restricted", "t/red/a1", 1)
+    rows = [dataclasses.replace(base, row_id=f"r{i}", readers=readers)
+            for i, readers in enumerate([(1,), (True,), (1.0,), (1,), ("t/red/a2",), ("t/red/a2",)])]  # type: ignore[arg-type]
+    for who in PRINCIPALS[:3]:
+        got = authz.decide_rows(Exchange("POST", "/", principal=who), "read", rows)
+        want = ref.decide_rows(Exchange("POST", "/", principal=who), "read", rows)
+        assert same(got) == same(want) and sharing(got) == sharing(want)
+    assert authz.policy.calls == ref.policy.calls  # type: ignore[attr-defined]

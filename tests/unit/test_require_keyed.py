@@ -1,6 +1,6 @@
 """`Authorizer.require_keyed` (the collection decision of `ChromaProfile._require_collection`, memoised on the
 fields its entities are made of) and `require` (memoised on their canonical JSON) answer, record and meter
-exactly as the code they replace (`tests/unit/authorize_reference.py`): the same outcome, exchange fields
+exactly as the code they replace (`tests/unit/require_reference.py`): the same outcome, exchange fields
 (action, resource text, decision, reason, policies, deny policies, evaluation errors, would-denies, policy
 set) and Prometheus counts, over Hypothesis sequences of principals, actions and collections (unicode,
 ``/`` and ``:`` in names, ids that collide once joined), with and without shadow mode, with an engine whose
@@ -22,7 +22,7 @@ from sidecar.metrics import Metrics
 from sidecar.policy import CedarRequest, Decision, PolicyEngine
 from sidecar.policy_reload import PolicyHandle, PolicySet
 from sidecar.stages.authorize import Authorizer
-from tests.unit import authorize_reference as ref
+from tests.unit import require_reference as ref
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

@@ -218,9 +218,9 @@ def _walk(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Obse
 
     real_rows = Authorizer._record_rows  # class answers recorded without building per-row requests
 
-    def spy_rows(self: Authorizer, ex: Any, p: Any, action: str, rows: list[Any], decisions: list[Any]) -> Any:
+    def spy_rows(self: Authorizer, ex: Any, p: Any, action: str, rows: list[Any], decisions: list[Any], *rest: Any) -> Any:
         calls.extend((p.uid[0], action, r.uid[0], r.uid[1], d.allowed) for r, d in zip(rows, decisions))
-        return real_rows(self, ex, p, action, rows, decisions)
+        return real_rows(self, ex, p, action, rows, decisions, *rest)
 
     real_request = Authorizer._record_request  # request-level answers recorded without a request object
 

@@ -11,6 +11,8 @@ on the standard loop and on uvloop:
 - the header deadline answers 408 and closes, bytes arriving meanwhile do not extend it, and a header
   deadline shorter than the idle one takes effect before the idle timer set earlier would fire;
 - the connection bound evicts the connection waiting longest without a request in flight.
+- a pipelined request uvicorn starts when the one before it completes is in flight: the idle deadline does
+  not close its connection and the connection bound does not evict it (new protocol only: the old one did both).
 """
 
 from __future__ import annotations
@@ -300,3 +302,68 @@ def test_connection_bound_evicts_the_longest_waiting(kind: str, module: Any) -> 
             srv.close()
 
     assert run(kind, main()) == [b"", b"HTTP/1.1 200 OK"]
+
+
+async def _waiting_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers after ``/wait/<ms>`` milliseconds (0 for any other path)."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    parts = scope["path"].split("/")
+    if len(parts) == 3 and parts[1] == "wait":
+        await asyncio.sleep(int(parts[2]) / 1000)
+    body = scope["path"].encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_pipelined_request_in_flight_is_not_closed_by_the_idle_deadline(kind: str) -> None:
+    """Two requests in one write; the second (started by uvicorn when the first completes) runs for 0.8 s on an
+    idle bound of 0.2 s: it is in flight, so the idle deadline must not close the connection under it (before,
+    the idle timer was armed when the first response completed and closed the connection mid-request)."""
+    async def main() -> tuple[bytes, bool]:
+        srv, port = await serve(new_server, new_server.ConnectionLimits(idle_timeout_s=0.2, header_timeout_s=5.0),
+                                asgi=_waiting_app)
+        try:
+            two = b"GET /first HTTP/1.1\r\nhost: x\r\n\r\nGET /wait/800 HTTP/1.1\r\nhost: x\r\n\r\n"
+            return await exchange(port, [two], limit_s=5.0)
+        finally:
+            srv.close()
+
+    received, closed = run(kind, main())
+    assert closed and received.count(b"HTTP/1.1 200 OK\r\n") == 2 and received.endswith(b"/wait/800")
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_pipelined_request_in_flight_is_not_evicted(kind: str) -> None:
+    """A connection whose pipelined second request is running is not evicted by the connection bound: the
+    connection waiting without a request (idle) is closed instead, and the running request is answered."""
+    async def main() -> tuple[bytes, bytes]:
+        srv, port = await serve(new_server, new_server.ConnectionLimits(idle_timeout_s=5.0, header_timeout_s=5.0,
+                                                                       max_connections=2), asgi=_waiting_app)
+        writers: list[asyncio.StreamWriter] = []
+        try:
+            busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
+            writers.append(busy_w)
+            busy_w.write(b"GET /first HTTP/1.1\r\nhost: x\r\n\r\nGET /wait/800 HTTP/1.1\r\nhost: x\r\n\r\n")
+            await busy_r.readuntil(b"/first")  # the first answered: the second is in flight now
+            idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+            writers.append(idle_w)
+            await asyncio.sleep(0.05)
+            writers.append((await asyncio.open_connection("127.0.0.1", port))[1])  # over the bound: one must go
+            idle_bytes = await asyncio.wait_for(idle_r.read(), 3.0)  # the idle one is closed
+            try:
+                busy_rest = await asyncio.wait_for(busy_r.readuntil(b"/wait/800"), 3.0)
+            except asyncio.IncompleteReadError as e:  # the busy one was closed under its request
+                busy_rest = e.partial
+            return idle_bytes, busy_rest
+        finally:
+            for w in writers:
+                w.transport.abort()
+            srv.close()
+            await srv.wait_closed()
+
+    idle_bytes, busy_rest = run(kind, main())
+    assert idle_bytes == b"" and busy_rest.startswith(b"HTTP/1.1 200 OK\r\n")
