@@ -35,14 +35,19 @@ class Principal:
     agent: str | None = None
     trust: int = 0
     roles: tuple[str, ...] = ()
+    # The Cedar uid ``(type, id)``: ``("Agent", "t/f/a")``, ``("TenantAdmin", "t/admin/<key id>")`` or
+    # ``("Operator", "<key id>")``. A function of the fields above, made once (`__post_init__`) and read on
+    # every decision; not compared or hashed (it follows from what is).
+    uid: tuple[str, str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def uid(self) -> tuple[str, str]:
+    def __post_init__(self) -> None:
         if self.kind == "operator":
-            return ("Operator", self.key_id)
-        if self.kind == "admin":
-            return ("TenantAdmin", f"{self.tenant}/admin/{self.key_id}")
-        return ("Agent", agent_id(self.tenant, self.fleet or "", self.agent or ""))
+            uid = ("Operator", self.key_id)
+        elif self.kind == "admin":
+            uid = ("TenantAdmin", f"{self.tenant}/admin/{self.key_id}")
+        else:
+            uid = ("Agent", agent_id(self.tenant, self.fleet or "", self.agent or ""))
+        object.__setattr__(self, "uid", uid)
 
     @property
     def fleet_uid(self) -> str:

@@ -77,6 +77,9 @@ class _Stats:
     loaded_at: float
     counts: Counts
     observed: dict[str, tuple[float, int]] = field(default_factory=dict)  # principal uid → (average, n)
+    # `admitted_share` of `counts` per (wide, kind, uid, trust, fleet) — what it reads of a principal: kept
+    # with these counts, so a refresh (a new entry) drops it.
+    shares: dict[tuple[Any, ...], float | None] = field(default_factory=dict)
 
 
 class QueryPlanner:
@@ -94,6 +97,10 @@ class QueryPlanner:
         self.counts = counts
         self.ttl_s = ttl_s
         self._stats: dict[str, _Stats] = {}
+        # `plan`'s answers past the share, per (share, k): `overfetch_size` is a function of share, k and this
+        # planner's factor and cap. Plans are immutable, so one object serves every request it answers.
+        self._plans: dict[tuple[float, int], Plan] = {}
+        self._pushdowns: dict[int, Plan] = {}  # per k
 
     def _entry(self, collection_id: str) -> _Stats:
         now = time.monotonic()
@@ -118,25 +125,50 @@ class QueryPlanner:
         self._stats[collection_id] = _Stats(time.monotonic(), counts)
 
     def share(self, p: Principal, collection_id: str, wide: bool = False) -> float | None:
-        """The estimated readable share for `p` (`wide`: the pushdown admits the whole tenant)."""
+        """The estimated readable share for `p` (`wide`: the pushdown admits the whole tenant): the average of
+        its observations once there are `OBSERVATIONS`, else `admitted_share` of the counts kept (a fraction
+        in [0, 1]; None for an empty collection)."""
         entry = self._entry(collection_id)
-        seen = entry.observed.get(p.uid[1])
+        me = p.uid[1]
+        seen = entry.observed.get(me)
         if seen is not None and seen[1] >= self.OBSERVATIONS:
             return seen[0]
-        return admitted_share(p, entry.counts, wide)
+        key = (wide, p.kind, me, p.trust, p.fleet)
+        shares = entry.shares
+        if key in shares:
+            return shares[key]
+        share = admitted_share(p, entry.counts, wide)
+        if len(shares) >= 4096:
+            shares.clear()
+        shares[key] = share
+        return share
+
+    def _pushdown(self, k: int) -> Plan:
+        plan = self._pushdowns.get(k)
+        if plan is None:
+            if len(self._pushdowns) >= 4096:
+                self._pushdowns.clear()
+            plan = self._pushdowns[k] = Plan(False, min(max(k * self.factor, 1), self.cap))
+        return plan
 
     def plan(self, p: Principal, collection_id: str, k: int, wide: bool = False) -> Plan:
         """The plan of one query for `k` results (`wide`: the pushdown in force is the tenant filter)."""
-        pushdown = Plan(False, min(max(k * self.factor, 1), self.cap))
         if self.mode == "pushdown":
-            return pushdown
+            return self._pushdown(k)
         if self.mode == "postfilter-first":
-            return Plan(True, pushdown.n_fetch)
+            return Plan(True, self._pushdown(k).n_fetch)
         share = self.share(p, collection_id, wide)
         if share is None or share <= 0:
-            return pushdown
-        n = overfetch_size(min(share, 1.0), max(k, 1), self.factor, self.cap)
-        return pushdown if n is None else Plan(True, n)
+            return self._pushdown(k)
+        key = (share, k)
+        plan = self._plans.get(key)
+        if plan is None:
+            n = overfetch_size(min(share, 1.0), max(k, 1), self.factor, self.cap)
+            plan = self._pushdown(k) if n is None else Plan(True, n)
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
 
     def observe(self, p: Principal, collection_id: str, decided: int, readable: int) -> None:
         """An over-fetch of `p` on `collection_id`: `readable` of the `decided` candidates were readable."""

@@ -48,6 +48,7 @@ WRITE_ONCE = ("mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
 # Governed metadata keys a client may request; the sidecar stamps these and the rest.
 REQUESTABLE = ("mw_scope", "mw_fleet", "mw_readers", "mw_labels") + WRITE_ONCE
 FIXED_ONCE_WRITTEN = "provenance and triples are fixed once written; write a new row instead"
+_UNSEEN: Any = object()  # `Provenance.links`: an id the request did not read
 
 
 def normalise(text: str) -> str:
@@ -374,13 +375,23 @@ class Provenance:
         are never shown. Rows without a readable link are absent."""
         if not row_ids:
             return {}
+        backend = self.backend
         seen = ex.ledger_rows
-        if all((self.backend, collection, i) in seen for i in row_ids):  # read for this request's decision
-            rows = {i: seen[(self.backend, collection, i)] for i in row_ids}
-        else:
-            rows = self.ledger.get_rows(self.backend, collection, row_ids)
-        targets = [pair[1] for lr in rows.values() for pair in (lr.supersedes, lr.superseded_by)
-                   if pair is not None and pair[0] == collection]
+        rows: dict[str, Any] = {}
+        for i in row_ids:  # read for this request's decision: every one, else all from the ledger
+            lr = seen.get((backend, collection, i), _UNSEEN)
+            if lr is _UNSEEN:
+                rows = self.ledger.get_rows(backend, collection, row_ids)
+                break
+            rows[i] = lr
+        targets: list[str] = []
+        for lr in rows.values():
+            pair = lr.supersedes
+            if pair is not None and pair[0] == collection:
+                targets.append(pair[1])
+            pair = lr.superseded_by
+            if pair is not None and pair[0] == collection:
+                targets.append(pair[1])
         visible = (self.authz.readable(ex, self.backend, collection, targets, include_superseded=True, count=False)
                    if targets else set())
         out: dict[str, dict[str, str]] = {}
@@ -397,11 +408,17 @@ class Provenance:
         """Add `links` to each returned row (a dict with its id under `id_key` and its metadata object
         under `meta_key`, e.g. Chroma ``ids``/``metadatas``, Mem0 ``id``/``metadata``) and narrow its
         ``mw_derived_from`` to readable parents, in place."""
-        with_meta = [r for r in rows if isinstance(r.get(meta_key), dict)]
-        links = self.links(ex, collection, [r[id_key] for r in with_meta])
-        for r in with_meta:
-            if r[id_key] in links:
-                r[meta_key] = {**r[meta_key], **links[r[id_key]]}
+        with_meta: list[dict[str, Any]] = []
+        ids: list[Any] = []
+        for r in rows:
+            if isinstance(r.get(meta_key), dict):
+                with_meta.append(r)
+                ids.append(r[id_key])
+        links = self.links(ex, collection, ids)
+        if links:
+            for r in with_meta:
+                if r[id_key] in links:
+                    r[meta_key] = {**r[meta_key], **links[r[id_key]]}
         # ``mw_derived_from`` names only the parents the caller may read (as lineage does): the ids of
         # unreadable or deleted parents never leave the sidecar; with none readable the key is dropped.
         parents = {r[id_key]: [x for x in str(r[meta_key]["mw_derived_from"]).split(",") if x]

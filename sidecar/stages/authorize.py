@@ -511,15 +511,18 @@ class Authorizer:
         else:
             known = self.ledger.get_rows(backend, collection_id, row_ids)
         if count:
-            ex.ledger_rows.update(((backend, collection_id, i), r) for i, r in known.items())
+            seen = ex.ledger_rows
+            for i, r in known.items():
+                seen[(backend, collection_id, i)] = r
         # One pass over the ids: the servable rows go to Cedar; every other id is withheld with its reason.
         candidates: list[Row] = []
         withheld: list[str] = []
+        current = as_of is None  # then an active row is servable (`servable`), without the call
         for i in dict.fromkeys(row_ids):
             row = known.get(i)
             if row is None:
                 withheld.append(UNKNOWN_ROW)
-            elif servable(row, include_superseded, as_of):
+            elif (current and row.status == "active") or servable(row, include_superseded, as_of):
                 candidates.append(row)
             else:
                 withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)

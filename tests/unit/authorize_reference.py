@@ -7,11 +7,13 @@ from typing import Any
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row
 from sidecar.policy import CedarRequest, Decision, canonical_json
-from sidecar.stages.authorize import CLASS_MEMO_SIZE, Authorizer, class_values
+from sidecar.stages.authorize import (CLASS_MEMO_SIZE, DELETED_ROW, SUPERSEDED_ROW, UNKNOWN_ROW, Authorizer, class_values,
+                                      servable)
 
 
 class Authorizer_fe121ba(Authorizer):
-    """`decide_rows` and `_record_rows` as of fe121ba (a class key built and hashed per row)."""
+    """`decide_rows` and `_record_rows` as of fe121ba (a class key built and hashed per row), `readable_rows` as of
+    de70fd8 (`servable` called for every row)."""
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
         assert ex.principal is not None
@@ -72,3 +74,46 @@ class Authorizer_fe121ba(Authorizer):
         if latest_denial is not None:
             ex.reason = latest_denial.reason
         return decisions
+
+    def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
+                      include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> dict[str, Row]:
+        if not row_ids:
+            return {}
+        pre = ex.prefetched.get((backend, collection_id))
+        if pre is not None and all(i in pre for i in row_ids):
+            known = {i: pre[i] for i in row_ids if pre[i] is not None}
+        else:
+            known = self.ledger.get_rows(backend, collection_id, row_ids)
+        if count:
+            ex.ledger_rows.update(((backend, collection_id, i), r) for i, r in known.items())
+        # One pass over the ids: the servable rows go to Cedar; every other id is withheld with its reason.
+        candidates: list[Row] = []
+        withheld: list[str] = []
+        for i in dict.fromkeys(row_ids):
+            row = known.get(i)
+            if row is None:
+                withheld.append(UNKNOWN_ROW)
+            elif servable(row, include_superseded, as_of):
+                candidates.append(row)
+            else:
+                withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
+        decisions = self.decide_rows(ex, "read", candidates)
+        allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
+        if withheld:
+            ex.reason = withheld[-1]
+        if count:
+            reasons = ex.row_deny_reasons
+            for reason in withheld:
+                reasons[reason] = reasons.get(reason, 0) + 1
+            ex.rows_allowed += len(allowed)
+            if len(allowed) < len(candidates):
+                for d in decisions:
+                    if not d.allowed:
+                        ex.rows_denied += 1
+                        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+            if withheld:
+                unknown, superseded = withheld.count(UNKNOWN_ROW), withheld.count(SUPERSEDED_ROW)
+                ex.rows_unknown += unknown
+                ex.rows_hidden_superseded += superseded
+                ex.rows_hidden_deleted += len(withheld) - unknown - superseded
+        return allowed

@@ -353,3 +353,35 @@ def test_equal_fields_of_other_types_are_other_classes() -> None:
         want = ref.decide_rows(Exchange("POST", "/", principal=who), "read", rows)
         assert same(got) == same(want) and sharing(got) == sharing(want)
     assert authz.policy.calls == ref.policy.calls  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(ledger_rows, max_size=10, unique_by=lambda r: r.row_id),
+       asked=st.lists(st.sampled_from([f"r{i}" for i in range(14)]), min_size=1, max_size=16),
+       principal=st.sampled_from(PRINCIPALS), source=st.sampled_from(sorted(SOURCES)), shadow=st.booleans(),
+       include_superseded=st.booleans(), as_of=st.none() | st.integers(0, 20), count=st.booleans(),
+       prefetched=st.booleans())
+def test_readable_rows_agree_with_de70fd8(rows: list[Row], asked: list[str], principal: Principal, source: str,
+                                          shadow: bool, include_superseded: bool, as_of: int | None, count: bool,
+                                          prefetched: bool) -> None:
+    """`readable_rows` (an active row servable without the `servable` call when no ``as_of``, the request's ledger
+    rows kept by a loop) against de70fd8: the same rows, exchange fields (``ledger_rows`` in the same order),
+    Cedar calls and log lines, from the ledger or from rows prefetched for the read."""
+    collection = f"c{next(_collections)}"
+    with LEDGER._tx() as db:
+        for r in rows:
+            db.execute(f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join('?' * _N_ROW_COLUMNS)})",
+                       _row_to_db(dataclasses.replace(r, collection=collection), 1))
+    results = {}
+    for side, cls in (("new", Authorizer), ("old", Authorizer_fe121ba)):
+        handle = Handle(ENGINES_FE121BA[(source, shadow, side)], shadow)
+        authz = cls(handle, LEDGER)  # type: ignore[arg-type]
+        with capture_logs() as logs:
+            ex = Exchange("POST", "/", principal=principal, request_id="r")
+            if prefetched:
+                known = LEDGER.get_rows("chroma", collection, asked)
+                ex.prefetched[("chroma", collection)] = {i: known.get(i) for i in asked}
+            got = authz.readable_rows(ex, "chroma", collection, asked, include_superseded, as_of, count)
+            out = (list(got), [dataclasses.astuple(r) for r in got.values()], decision_fields(ex))
+        results[side] = (out, handle.calls, handle.sent, logs)
+    assert results["new"] == results["old"]
