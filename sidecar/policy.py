@@ -172,16 +172,18 @@ class PolicyEngine:
             return [decision]
         return self._decide(requests, entities_json)
 
-    def decide_keyed(self, key: Any, request: CedarRequest, entities: Callable[[], list[dict[str, Any]]]) -> Decision:
+    def decide_keyed(self, key: Any, request: Callable[[], CedarRequest],
+                     entities: Callable[[], list[dict[str, Any]]]) -> Decision:
         """`decide` of one request, memoised on `key` instead of the request's and entities' JSON: `key`
-        (hashable) must determine `request` and the entity list ``entities()`` returns — equal keys, equal
-        request and entities — so the JSON need not be built to find an answer already given. On a miss,
-        ``entities()`` is called and the request decided by `decide`; an answer with evaluation errors is
-        not kept (as in `decide`). Never raises (`decide`), except what `entities` raises."""
+        (hashable) must determine the request ``request()`` returns and the entity list ``entities()``
+        returns — equal keys, equal request and entities — so neither need be built to find an answer
+        already given. On a miss, both are called and the request decided by `decide`; an answer with
+        evaluation errors is not kept (as in `decide`). Never raises (`decide`), except what `request` and
+        `entities` raise."""
         hit = self._keyed_memo.get(key)
         if hit is not None:
             return hit
-        decision = self.decide([request], entities())[0]
+        decision = self.decide([request()], entities())[0]
         if not decision.errors:
             if len(self._keyed_memo) >= self.MEMO_SIZE:
                 self._keyed_memo.pop(next(iter(self._keyed_memo)), None)

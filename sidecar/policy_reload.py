@@ -241,19 +241,20 @@ class PolicyHandle:
             out.append(dataclasses.replace(d, allowed=True, policies=(*d.policies, SHADOW_POLICY), would_deny=True))
         return out
 
-    def decide_request(self, key: Any, request: CedarRequest, entities: Callable[[], list[dict[str, Any]]],
-                       policy_set: PolicySet | None = None) -> Decision:
-        """`decide` of one request whose answer `key` determines (`PolicyEngine.decide_keyed`: equal keys,
-        equal request and entity list); ``entities()`` is called only when the answer is not memoised, or
-        in shadow mode (which reads the entities). Metered as `decide`."""
+    def decide_request(self, key: Any, action: str, request: Callable[[], CedarRequest],
+                       entities: Callable[[], list[dict[str, Any]]], policy_set: PolicySet | None = None) -> Decision:
+        """`decide` of one request of `action` whose answer `key` determines (`PolicyEngine.decide_keyed`:
+        equal keys, equal request and entity list); ``request()`` (the `CedarRequest`) and ``entities()``
+        are called only when the answer is not memoised, or in shadow mode (which reads the entities).
+        Metered as `decide`."""
         ps = policy_set or self.current
         if self.shadow:
-            return self.decide([request], entities(), ps)[0]
+            return self.decide([request()], entities(), ps)[0]
         t0 = time.perf_counter()
         decision = ps.engine.decide_keyed(key, request, entities)
-        self.metrics.observe_cedar([request.action], [decision.allowed], time.perf_counter() - t0)
+        self.metrics.observe_cedar([action], [decision.allowed], time.perf_counter() - t0)
         for pid in decision.error_policies:
-            self.metrics.cedar_evaluation_errors.labels(request.action, pid).inc()
+            self.metrics.cedar_evaluation_errors.labels(action, pid).inc()
         return decision
 
     # -- reload -----------------------------------------------------------------------------

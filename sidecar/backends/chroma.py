@@ -364,8 +364,16 @@ class ChromaProfile:
         return collection_entity(BACKEND, rec.collection_id, rec.tenant, rec.database)
 
     def _require_collection(self, ex: Exchange, params: dict[str, str], action: str) -> CollectionRecord:
+        """The collection of `_collection`, once `action` on it is permitted: the request-level decision on its
+        `collection_entity` with its namespace, memoised on the fields they are made of (`Authorizer.require_keyed`:
+        the entities are built only when Cedar is asked). Raises `NotFound` (404), `Forbidden` (403)."""
         rec = self._collection(ex, params)
-        self.authz.require(ex, action, self._coll_entity(rec), [namespace_entity(rec.tenant, rec.database)])
+        cid, tenant, database = rec.collection_id, rec.tenant, rec.database
+        if not (type(cid) is str and type(tenant) is str and type(database) is str):  # equal keys, equal JSON: str only
+            self.authz.require(ex, action, self._coll_entity(rec), [namespace_entity(tenant, database)])
+            return rec
+        self.authz.require_keyed(ex, action, ("Collection", f"{BACKEND}:{cid}"), ("Collection", BACKEND, cid, tenant, database),
+                                 lambda: (self._coll_entity(rec), [namespace_entity(tenant, database)]))
         return rec
 
     def _require_namespace(self, ex: Exchange, tenant: str, database: str, action: str) -> None:

@@ -230,12 +230,46 @@ class Authorizer:
         p = ex.principal
         assert p is not None
         uid = resource["uid"]
-        ex.action, ex.resource = action, f'{uid["type"]}::{uid["id"]}'
-        decision = self._request_decision(ex, p, action, resource, extra)
+        self._required(ex, action, uid["type"], uid["id"], self._request_decision(ex, p, action, resource, extra))
+
+    def require_keyed(self, ex: Exchange, action: str, resource_uid: tuple[str, str], key: tuple[Any, ...],
+                      build: Callable[[], tuple[dict[str, Any], list[dict[str, Any]] | None]]) -> None:
+        """``require(ex, action, *build())`` without building the entities when the answer is memoised:
+        `key` (a hashable tuple) must determine what ``build()`` returns — (resource, extra), the resource's
+        uid being `resource_uid` (type, id) — e.g. ``("Collection", backend, collection id, tenant,
+        database)`` for `sidecar.governance.collection_entity` and its namespace; ``build`` is called only
+        when Cedar has to be asked (a new key, shadow mode) or the key cannot be hashed. Raises `Forbidden`
+        unless Allow."""
+        p = ex.principal
+        assert p is not None
+        decision = None
+        if getattr(self.policy, "decide_request", None) is not None:
+            try:
+                memo_key: Any = (p, action, key)
+                hash(memo_key)
+            except TypeError:
+                memo_key = None
+            if memo_key is not None:
+                decision = self._keyed_decision(ex, p, action, resource_uid, memo_key,
+                                                lambda: self._store(p, build()))
+        if decision is None:
+            resource, extra = build()
+            decision = self._request_decision(ex, p, action, resource, extra)
+        self._required(ex, action, resource_uid[0], resource_uid[1], decision)
+
+    @staticmethod
+    def _required(ex: Exchange, action: str, rtype: str, rid: str, decision: Decision) -> None:
+        ex.action, ex.resource = action, f"{rtype}::{rid}"
         if not decision.allowed:
             ex.decision = "deny"
             raise Forbidden(f"{action} is not permitted", reason=decision.reason)
         ex.decision = "allow"
+
+    @staticmethod
+    def _store(p: Principal, built: tuple[dict[str, Any], list[dict[str, Any]] | None]) -> list[dict[str, Any]]:
+        """The entity store of `request_batch` for (resource, extra) `built`."""
+        resource, extra = built
+        return p.entities() + [resource] + list(extra or [])
 
     def _request_decision(self, ex: Exchange, p: Principal, action: str, resource: dict[str, Any],
                           extra: list[dict[str, Any]] | None) -> Decision:
@@ -251,12 +285,40 @@ class Authorizer:
             key = None
         if key is None:
             return self.decide(ex, *self.request_batch(p, action, resource, extra))[0]
+        uid = resource["uid"]
+        return self._keyed_decision(ex, p, action, (uid["type"], uid["id"]), key,
+                                    lambda: self.request_batch(p, action, resource, extra)[1])
+
+    def _keyed_decision(self, ex: Exchange, p: Principal, action: str, resource_uid: tuple[str, str], key: Any,
+                        entities: Callable[[], list[dict[str, Any]]]) -> Decision:
+        """`PolicyHandle.decide_request` of `p` doing `action` on `resource_uid` under the exchange's policy
+        set, memoised on `key`, recorded on `ex` as `_record` records it. The Cedar request object is built
+        only when it is needed: to ask Cedar, or to record an answer with evaluation errors or a shadow
+        would-deny (`_record` reads it then); an answer without either is recorded from the decision alone."""
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
-        uid = resource["uid"]
-        request = CedarRequest(p.uid, action, (uid["type"], uid["id"]))
-        decision = decide_request(key, request, lambda: self.request_batch(p, action, resource, extra)[1], ex.policy_set)
-        return self._record(ex, [request], [decision])[0]
+        made: list[CedarRequest] = []
+
+        def request() -> CedarRequest:
+            if not made:
+                made.append(CedarRequest(p.uid, action, resource_uid))
+            return made[0]
+        decision = self.policy.decide_request(key, action, request, entities, ex.policy_set)
+        if decision.errors or decision.would_deny:
+            return self._record(ex, [request()], [decision])[0]
+        return self._record_request(ex, p, action, resource_uid, decision)
+
+    @staticmethod
+    def _record_request(ex: Exchange, p: Principal, action: str, resource_uid: tuple[str, str], decision: Decision
+                        ) -> Decision:
+        """`_record` of the one answer `decision` to `p` doing `action` on `resource_uid`, which has no
+        evaluation errors and no shadow would-deny (then `_record` reads only its policies, and a denial's
+        reason), without a Cedar request object. Returns `decision`."""
+        ex.policies.update(decision.policies)
+        if not decision.allowed:
+            ex.deny_policies.update(decision.policies or decision.error_policies)
+            ex.reason = decision.reason
+        return decision
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
         """One decision of `action` per row (in order). `contexts` per row, optional.

@@ -222,8 +222,15 @@ def _walk(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Obse
         calls.extend((p.uid[0], action, r.uid[0], r.uid[1], d.allowed) for r, d in zip(rows, decisions))
         return real_rows(self, ex, p, action, rows, decisions, *rest)
 
+    real_request = Authorizer._record_request  # request-level answers recorded without a request object
+
+    def spy_request(ex: Any, p: Any, action: str, uid: tuple[str, str], decision: Any) -> Any:
+        calls.append((p.uid[0], action, uid[0], uid[1], decision.allowed))
+        return real_request(ex, p, action, uid, decision)
+
     monkeypatch.setattr(Authorizer, "_record", spy)
     monkeypatch.setattr(Authorizer, "_record_rows", spy_rows)
+    monkeypatch.setattr(Authorizer, "_record_request", staticmethod(spy_request))
     observed: Observed = {}
     n = 0
     for label, method, path, query, body in _cases(profile):
