@@ -47,6 +47,41 @@ def quoted_path(segments: list[str]) -> str:
     return "/".join(quote(s, safe="") for s in segments)
 
 
+_NO_BODY_METHODS = ("GET", "HEAD", "DELETE", "OPTIONS")
+
+
+def head_template(method: str, raw_headers: list[tuple[bytes, bytes]]) -> tuple[bytes, list[bytes], bool]:
+    """`Http1Transport.head` of `method` and `raw_headers` with the target and the body length left open:
+    (``method SP``, the header bytes split at each place a ``Content-Length`` value goes, whether there is
+    one). `head_from` fills them in."""
+    chunks: list[bytes] = []
+    current = [b" HTTP/1.1\r\n"]
+    for name, value in raw_headers:
+        lower = name.lower()
+        if lower in (b"transfer-encoding", b"connection", b"keep-alive", b"expect", b"upgrade"):
+            continue
+        if lower == b"content-length":
+            current += [name, b": "]
+            chunks.append(b"".join(current))
+            current = [b"\r\n"]
+            continue
+        current += [name, b": ", value, b"\r\n"]
+    chunks.append(b"".join(current))
+    return method.encode() + b" ", chunks, len(chunks) > 1
+
+
+def head_from(template: tuple[bytes, list[bytes], bool], method: str, target: bytes, length: int) -> bytes:
+    """``Http1Transport.head(method, target, raw_headers, length)`` from ``head_template(method, raw_headers)``."""
+    line, chunks, has_length = template
+    if has_length:
+        tail = str(length).encode().join(chunks)
+    elif length or method not in _NO_BODY_METHODS:
+        tail = chunks[0] + b"Content-Length: %d\r\n" % length
+    else:
+        tail = chunks[0]
+    return b"".join((line, target, tail, b"\r\n"))
+
+
 def encode(value: Any) -> bytes:
     """JSON bytes of `value` (orjson; the standard library for what orjson refuses, e.g. integers
     beyond 64 bits). orjson writes a non-finite float as ``null``; none reaches here, since client
@@ -100,6 +135,7 @@ class Upstream:
         self._fast = self._transport if type(self._transport) is Http1Transport and base.scheme == "http" else None
         self._host, self._port = base.host, base.port or 80
         self._header_sets: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
+        self._head_templates: dict[tuple[str, bool], tuple[bytes, list[bytes], bool]] = {}
 
     def _raw_headers(self, method: str, has_body: bool) -> list[tuple[bytes, bytes]]:
         key = (method, has_body)
@@ -108,6 +144,15 @@ class Upstream:
             raw = self._header_sets[key] = httpx.Request(method, self._origin + "/", headers=self._headers,
                                                          content=b"{}" if has_body else None).headers.raw
         return raw
+
+    def _head(self, method: str, target: bytes, has_body: bool, length: int) -> bytes:
+        """``Http1Transport.head(method, target, self._raw_headers(method, has_body), length)``, from a template
+        made once per (method, body presence)."""
+        key = (method, has_body)
+        template = self._head_templates.get(key)
+        if template is None:
+            template = self._head_templates[key] = head_template(method, self._raw_headers(method, has_body))
+        return head_from(template, method, target, length)
 
     async def close(self) -> None:
         await self._transport.aclose()
@@ -133,8 +178,7 @@ class Upstream:
             if self._fast is not None and not params and "." not in segments and ".." not in segments \
                     and len(self._origin) + len(path) <= MAX_URL_LENGTH:
                 # The hot path: the bytes `httpx.Request` would have sent, without building it or a Response.
-                head = self._fast.head(method, path.encode("ascii"), self._raw_headers(method, content is not None),
-                                       len(content or b""))
+                head = self._head(method, path.encode("ascii"), content is not None, len(content or b""))
                 status, headers, body = await self._fast.send(
                     method, head, content or b"", self._timeout,
                     idempotent or method.encode() in IDEMPOTENT_METHODS, self._host, self._port)
