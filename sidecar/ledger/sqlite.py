@@ -519,7 +519,8 @@ class SQLiteLedger:
             for v in orjson.loads(text):
                 out[v[0]] = _row_from_json(backend, collection_id, v)
             return out
-        except (sqlite3.OperationalError, orjson.JSONDecodeError, _NotExact):
+        except (sqlite3.OperationalError, sqlite3.DataError, orjson.JSONDecodeError, _NotExact):  # DataError: the
+            # one JSON value is longer than SQLITE_LIMIT_LENGTH (a batch whose rows, one by one, still fit)
             return self._get_rows_by_columns(backend, collection_id, ids)
 
     def _get_rows_by_columns(self, backend: str, collection_id: str, ids: list[str]) -> dict[str, Row]:

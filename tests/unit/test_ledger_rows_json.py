@@ -205,3 +205,19 @@ def test_ledger_rows_take_one_statement(monkeypatch: pytest.MonkeyPatch) -> None
                 assert _same(getattr(row, f.name), getattr(expected[row_id], f.name)), f.name
     finally:
         ledger.close()
+
+
+def test_a_batch_longer_than_the_length_limit_is_read_by_columns() -> None:
+    """When the one JSON value of a batch is longer than SQLite's length limit (``SQLITE_LIMIT_LENGTH``, 1e9
+    bytes by default; lowered here) while each column fits, the rows are read column by column: the same rows
+    as the reference, not an error."""
+    ledger = SQLiteLedger(":memory:")
+    try:
+        _insert(ledger, [_plain(f"id{i:03d}") for i in range(60)])
+        ids = [f"id{i:03d}" for i in range(60)]
+        ledger._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 2000)  # noqa: SLF001 - one row's JSON ~100 bytes, 60 rows more
+        got = ledger.get_rows("chroma", "c", ids)
+        assert list(got) == ids
+        _compare(ledger, "chroma", "c", ids)
+    finally:
+        ledger.close()
