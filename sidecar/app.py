@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 from sidecar import decisionlog
+from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
@@ -225,7 +226,7 @@ class PipelineMiddleware:
         finally:
             self.inflight -= 1
         try:
-            payload = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+            payload = answer_bytes(body)  # the standard library's bytes (orjson where provably the same)
         except (ValueError, TypeError, RecursionError):  # never a partial body: no rows at all
             status, payload = 500, b'{"error":"internal","message":"internal error"}'
             ex.decision, ex.reason = "error", "internal_error"
