@@ -1,7 +1,7 @@
 """The bytes of a JSON answer to a client: exactly the standard library's
 ``json.dumps(value, separators=(",", ":"), allow_nan=False).encode()`` (`reference_bytes`: ASCII, compact,
-NaN and infinities refused), written by orjson wherever orjson's bytes are provably those bytes
-(`answer_bytes`), about a tenth of the cost.
+NaN and infinities refused), written by orjson wherever orjson's bytes, with their non-ASCII characters
+escaped, are provably those bytes (`answer_bytes`), a fraction of the cost.
 
 Why the bytes stay identical, not only the parsed value: nothing in the sidecar hashes or signs an answer
 (provenance and content HMACs are over stored content; the decision log and the metrics record no body), so
@@ -31,18 +31,24 @@ The argument, for a value orjson accepted with ``OPT_PASSTHROUGH_SUBCLASS|DATACL
 4. Strings and keys: both escape ``"`` ``\\`` ``\\b`` ``\\f`` ``\\n`` ``\\r`` ``\\t`` alike and the other
    control characters as ``\\u00XX`` (lower-case hex); the standard library also escapes DEL and every
    non-ASCII character (``\\uXXXX``, surrogate pairs above U+FFFF), orjson writes them raw (UTF-8). They can
-   occur only inside strings, so bytes that are ASCII without a DEL byte hold none.
+   occur only inside strings (the rest of the output is ASCII without DEL), so bytes that are ASCII without a
+   DEL byte hold none; in bytes without DEL, every run of non-ASCII characters is inside one string, and is
+   replaced (``ascii`` encoding with the error handler `_escaped`) by what the standard library's own string
+   escaper (``json.encoder.encode_basestring_ascii``, the one ``json.dumps`` uses) writes for it.
 5. Nesting within orjson's 255 levels is within the standard library's recursion limit at the depth of the
    caller (the ASGI entry), so the standard library would not have raised ``RecursionError`` either.
 
-At import, orjson's bytes for a few probe values (floats at the edges of 3, the escapes of 4) are compared
+At import, orjson's bytes for a few probe values (floats at the edges of 3, the escapes of 4, non-ASCII text
+escaped as in 4) are compared
 with the standard library's; if any differs (another orjson release), every answer is the standard
 library's. ``tests/unit/test_answer_bytes.py`` checks the whole rule against `reference_bytes` (Hypothesis).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import json.encoder
 import sys
 from typing import Any
 
@@ -90,13 +96,39 @@ def _same_form(value: Any) -> bool:
     return True
 
 
+def _escaped(exc: UnicodeError) -> tuple[str, int]:
+    """The ``ascii`` codec's error handler of `_escape`: the run of non-ASCII characters it could not encode
+    (all inside strings, point 4 of the module docstring) as the standard library's own string escaper writes
+    them (``\\uXXXX``, lower-case hex, surrogate pairs above U+FFFF), and where to go on."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    return _escape_ascii(exc.object[exc.start:exc.end])[1:-1], exc.end
+
+
+_escape_ascii = json.encoder.encode_basestring_ascii  # what json.dumps(ensure_ascii=True) escapes strings and keys with
+_ERRORS = "memwarden.answer-ascii"
+codecs.register_error(_ERRORS, _escaped)
+
+
+def _escape(out: bytes) -> bytes:
+    """orjson's UTF-8 output `out`, without a DEL byte, with every non-ASCII character escaped as the standard
+    library escapes it (`_escaped`)."""
+    return out.decode("utf-8").encode("ascii", _ERRORS)
+
+
 def _probes_agree() -> bool:
-    """Whether this orjson writes the probe values as the standard library does (module docstring)."""
+    """Whether this orjson writes the probe values as the standard library does (module docstring), its
+    non-ASCII output once escaped (`_escaped`) included."""
     probes: list[Any] = [1e-4, -1e-4, 0.1, 1.0, -0.0, 0.0, 1e15, 1e16, 1.5e16, 123456789012345680.0, 1e22,
                          1e300, _MAX, -_MAX, 2 ** 64 - 1, -2 ** 63,
-                         "\x00\x01\x1f\b\f\n\r\t\"\\/ ~", {"a": [1, 2.5, None, True, False, (1,)], "": {}}]
+                         "\x00\x01\x1f\b\f\n\r\t\"\\/ ~", {"a": [1, 2.5, None, True, False, (1,)], "": {}},
+                         {"é": ["é", "\u2028\u2029", "\ufeff", "😀", "\U0010ffff", "a\x80ÿ\u0100\uffff"], "\U0001f600": "x\u00e9y"}]
     try:
-        return all(orjson.dumps(p, option=_OPTION) == reference_bytes(p) for p in probes)
+        for p in probes:
+            out = orjson.dumps(p, option=_OPTION)
+            if (out if out.isascii() else _escape(out)) != reference_bytes(p):
+                return False
+        return True
     except (TypeError, ValueError):
         return False
 
@@ -106,13 +138,14 @@ _FAST = _probes_agree()
 
 def answer_bytes(value: Any) -> bytes:
     """`reference_bytes(value)`: the same bytes, or the same exception (``ValueError``, ``TypeError``,
-    ``RecursionError``). orjson writes them when it accepts `value`, its output is ASCII without a DEL byte
-    and `_same_form` holds (module docstring); otherwise the standard library does."""
+    ``RecursionError``). orjson writes them when it accepts `value`, its output has no DEL byte and
+    `_same_form` holds (module docstring), its non-ASCII characters escaped as the standard library escapes
+    them (`_escape`); otherwise the standard library does."""
     if _FAST:
         try:
             out = orjson.dumps(value, option=_OPTION)
         except TypeError:  # orjson.JSONEncodeError included
             return reference_bytes(value)
-        if out.isascii() and b"\x7f" not in out and _same_form(value):
-            return out
+        if b"\x7f" not in out and _same_form(value):
+            return out if out.isascii() else _escape(out)
     return reference_bytes(value)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sidecar import answer
 from sidecar.answer import answer_bytes
 
-from .answer_reference import old_payload
+from .answer_reference import answer_bytes_h22j, old_payload
 
 
 class Str(str):
@@ -226,3 +226,53 @@ def test_text_forms(s: str) -> None:
 
 def test_probes_agree_with_this_orjson() -> None:
     assert answer._FAST
+
+
+# -- non-ASCII answers: orjson's bytes with their non-ASCII characters escaped (`answer._escape`) ----------------
+non_ascii_text = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=12),
+    st.text(st.characters(min_codepoint=0x80, max_codepoint=0x10FFFF, blacklist_categories=("Cs",)), max_size=6),
+    st.sampled_from(["é", "café", "\u2028", "\u2029", "\ufeff", "😀", "\U0010ffff", "\x80", "ÿ", "\u0100", "\uffff",
+                     "日本語のテキスト", "a\u00e9\U0001f600b", "\x7f", "é\x7f", '"é\\'])
+)
+non_ascii_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1), non_ascii_text,
+              st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: x == 0 or abs(x) >= 1e-4)),
+    lambda c: st.one_of(st.lists(c, max_size=5), st.dictionaries(non_ascii_text, c, max_size=5)),
+    max_leaves=30)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(non_ascii_values, values))
+@example({"k": "é"})
+@example({"é": ["😀", "\u2028"]})
+@example(["\U0010ffff", "\x7f"])
+@example({"d": "é\x7f"})
+def test_non_ascii_as_before(value: Any) -> None:
+    """Same bytes or same exception as the standard library (`old_payload`) and as the previous encoder
+    (`answer_bytes_h22j`: non-ASCII output went to the standard library)."""
+    same_as_old(value)
+    assert outcome(answer_bytes, value) == outcome(answer_bytes_h22j, value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(non_ascii_values)
+def test_non_ascii_written_by_orjson(value: Any) -> None:
+    """Without DEL, a value `_same_form` accepts is orjson's bytes, escaped: never the standard library's."""
+    out = orjson.dumps(value)
+    if b"\x7f" in out:
+        return
+    assert answer._same_form(value)
+    assert answer._escape(out) == old_payload(value) == answer_bytes(value)
+
+
+def test_non_ascii_answer_skips_the_standard_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = {"ids": [["r1", "r2"]], "documents": [["café au lait", "日本語 😀 \u2028"]],
+            "metadatas": [[{"topic": "Ünïcode", "n": 1}, {"ключ": "значение"}]], "distances": [[0.5, 1.25]]}
+    expected = old_payload(body)
+
+    def refuse(value: Any) -> bytes:
+        raise AssertionError("the standard library was used")
+
+    monkeypatch.setattr(answer, "reference_bytes", refuse)
+    assert answer_bytes(body) == expected
