@@ -643,7 +643,7 @@ def test_read_deadline_across_exchanges_on_one_connection(Transport: Any) -> Non
         if b"/hang" in raw:
             return [5.0, ok()]
         if b"/dribble" in raw:
-            return [b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", 0.15, b"[1,", 0.15, b"2,", 0.15, b"3]"]
+            return [b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", 0.1, b"[1,", 0.1, b"2,", 0.1, b"3]"]
         return ok()
 
     async def main() -> None:
@@ -652,10 +652,10 @@ def test_read_deadline_across_exchanges_on_one_connection(Transport: Any) -> Non
                 assert (await client.get("/", timeout=httpx.Timeout(30))).json() == {"ok": True}
                 with pytest.raises(httpx.ReadTimeout):  # 0.3 s, not the 30 s of the exchange before
                     await asyncio.wait_for(client.get("/hang", timeout=httpx.Timeout(30, read=0.3)), 4.0)
-                assert (await client.get("/", timeout=httpx.Timeout(30, read=0.25))).json() == {"ok": True}
-                await asyncio.sleep(0.3)  # the connection's timer fires with nothing waiting
-                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.25))).json() == [1, 2, 3]
-                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.25))).json() == [1, 2, 3]
+                assert (await client.get("/", timeout=httpx.Timeout(30, read=0.6))).json() == {"ok": True}
+                await asyncio.sleep(0.7)  # the connection's timer fires with nothing waiting
+                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.6))).json() == [1, 2, 3]
+                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.6))).json() == [1, 2, 3]
                 with pytest.raises(httpx.ReadTimeout):
                     await asyncio.wait_for(client.get("/hang", timeout=httpx.Timeout(30, read=0.3)), 4.0)
                 assert (await client.get("/", timeout=httpx.Timeout(30, read=None))).json() == {"ok": True}
