@@ -407,7 +407,8 @@ class Provenance:
     def decorate(self, ex: Exchange, collection: str, rows: list[dict[str, Any]], *, id_key: str, meta_key: str) -> None:
         """Add `links` to each returned row (a dict with its id under `id_key` and its metadata object
         under `meta_key`, e.g. Chroma ``ids``/``metadatas``, Mem0 ``id``/``metadata``) and narrow its
-        ``mw_derived_from`` to readable parents, in place."""
+        ``mw_derived_from`` to readable parents, in place: each row's metadata object is replaced, never
+        edited. Rows repeating an id are decorated each from its own metadata."""
         with_meta: list[dict[str, Any]] = []
         ids: list[Any] = []
         for r in rows:
@@ -421,20 +422,20 @@ class Provenance:
                     r[meta_key] = {**r[meta_key], **links[r[id_key]]}
         # ``mw_derived_from`` names only the parents the caller may read (as lineage does): the ids of
         # unreadable or deleted parents never leave the sidecar; with none readable the key is dropped.
-        parents = {r[id_key]: [x for x in str(r[meta_key]["mw_derived_from"]).split(",") if x]
-                   for r in with_meta if "mw_derived_from" in r[meta_key]}
+        # Per row object, not per id: an answer may repeat an id, each copy with its own metadata.
+        parents = [(r, [x for x in str(r[meta_key]["mw_derived_from"]).split(",") if x])
+                   for r in with_meta if "mw_derived_from" in r[meta_key]]
         if parents:
-            wanted = sorted({x for xs in parents.values() for x in xs})
+            wanted = sorted({x for _, xs in parents for x in xs})
             visible = self.authz.readable(ex, self.backend, collection, wanted, include_superseded=True, count=False)
-            for r in with_meta:
-                if r[id_key] in parents:
-                    meta = dict(r[meta_key])
-                    shown = [x for x in parents[r[id_key]] if x in visible]
-                    if shown:
-                        meta["mw_derived_from"] = ",".join(shown)
-                    else:
-                        del meta["mw_derived_from"]
-                    r[meta_key] = meta
+            for r, xs in parents:
+                meta = dict(r[meta_key])
+                shown = [x for x in xs if x in visible]
+                if shown:
+                    meta["mw_derived_from"] = ",".join(shown)
+                else:
+                    meta.pop("mw_derived_from", None)  # a row object listed twice is narrowed twice
+                r[meta_key] = meta
 
     def tombstone(self, ex: Exchange, collection: str, rows: list[Row], closure: str) -> list[tuple[str, str]]:
         """Tombstone `rows` (each already allowed Cedar ``delete``) with their deletion closure, in one

@@ -26,16 +26,37 @@ connection (all times in seconds, from `Settings`):
 
 The body deadline (``body_timeout_s``, 408) and the in-flight bound (``max_inflight_requests``, 503)
 are kept by `sidecar.app.PipelineMiddleware`, where the ASGI ``receive`` and the request task are.
+
+Per request, the subclass runs uvicorn 0.55's own parser callbacks (``data_received``,
+``on_message_begin``, ``on_headers_complete``) as one method each with the guards folded in, instead of the
+guard calling ``super()``: the same scope, cycle and task, the same refusals. One shortcut: a request target
+made only of ``/`` and the characters of `_PLAIN_TARGET` (no ``?``, ``#``, spaces, controls or non-ASCII;
+every Chroma and Mem0 path) is its own path with an empty query, which is what ``httptools.parse_url``
+returns for it, so it is not parsed again. On any other uvicorn release the guards wrap uvicorn's callbacks
+through ``super()`` as before (``tests/unit/test_server_callbacks.py`` compares both with uvicorn's own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import re
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+import uvicorn
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+# The uvicorn release whose parser callbacks the guarded protocol folds its guards into (`guarded_protocol`).
+_FOLDED_RELEASE = "0.55."
+
+# A request target that is its own path for ``httptools.parse_url`` (no query, no fragment, no authority):
+# ``/`` then RFC 3986 path characters (unreserved, sub-delims, ``:``, ``@``, ``/``, ``%``) only.
+_PLAIN_TARGET = re.compile(rb"/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*").fullmatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +129,27 @@ class CoalescingTransport:
         self._held = None
         self._transport.abort()
 
+    # Called per request by uvicorn's protocol and cycle: defined here rather than found by `__getattr__`.
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def target_parts(url: bytes) -> tuple[bytes, bytes]:
+    """(path, query) of a request target as uvicorn takes them from ``httptools.parse_url(url)`` (``path``,
+    ``query or b""``). Raises ``httptools.HttpParserInvalidURLError`` as `parse_url` does."""
+    if _PLAIN_TARGET(url) is not None:
+        return url, b""
+    parsed = httptools.parse_url(url)
+    return parsed.path, parsed.query or b""
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -213,6 +253,99 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._in_flight = True
             self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}  # type: ignore[typeddict-item]
             super().on_headers_complete()
+
+        if uvicorn.__version__.startswith(_FOLDED_RELEASE):
+            # uvicorn 0.55's callbacks with the guards above folded in (no ``super()`` chain), and
+            # `target_parts` for ``httptools.parse_url``: the same scope, cycle, task and refusals.
+            def data_received(self, data: bytes) -> None:
+                # uvicorn's, without `_unset_keepalive_if_required`: its keep-alive timer is never armed here
+                # (`on_response_complete` arms ours instead), so there is none to cancel.
+                try:
+                    self.parser.feed_data(data)
+                except httptools.HttpParserError:
+                    msg = "Invalid HTTP request received."
+                    self.logger.warning(msg)
+                    self.send_400_response(msg)
+                    return
+                except httptools.HttpParserUpgrade:
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                    else:
+                        self._unsupported_upgrade_warning()
+
+            def on_message_begin(self) -> None:
+                self.url = b""
+                self.expect_100_continue = False
+                self.headers = []
+                self.scope = {  # type: ignore[typeddict-item]
+                    "type": "http",
+                    "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+                    "http_version": "1.1",
+                    "server": self.server,
+                    "client": self.client,
+                    "scheme": self.scheme,  # type: ignore[typeddict-item]
+                    "root_path": self.root_path,
+                    "headers": self.headers,
+                    "state": self.app_state.copy(),
+                }
+                self._waiting_since = time.monotonic()
+                self._arm(self._limits.header_timeout_s, self._headers_too_slow)
+
+            def on_headers_complete(self) -> None:
+                self._due = None  # `_disarm`
+                self._in_flight = True
+                scope = self.scope
+                url = self.url
+                scope["extensions"] = {"memwarden": {"target": url}}  # type: ignore[typeddict-unknown-key]
+                parser = self.parser
+                http_version = parser.get_http_version()
+                scope["method"] = parser.get_method().decode("ascii")
+                if http_version != "1.1":
+                    scope["http_version"] = http_version
+                if parser.should_upgrade() and self._should_upgrade():
+                    return
+                raw_path, query = target_parts(url)
+                path = raw_path.decode("ascii")
+                if "%" in path:
+                    path = urllib.parse.unquote(path)
+                root_path = self.root_path
+                scope["path"] = root_path + path
+                scope["raw_path"] = root_path.encode("ascii") + raw_path
+                scope["query_string"] = query
+
+                limit = self.limit_concurrency
+                if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+                    app = service_unavailable
+                    message = "Exceeded concurrency limit."
+                    self.logger.warning(message)
+                else:
+                    app = self.app
+
+                existing_cycle = self.cycle
+                self.cycle = cycle = RequestResponseCycle(
+                    scope=scope,
+                    transport=self.transport,
+                    flow=self.flow,
+                    logger=self.logger,
+                    access_logger=self.access_logger,
+                    access_log=self.access_log,
+                    default_headers=self.server_state.default_headers,
+                    message_event=asyncio.Event(),
+                    expect_100_continue=self.expect_100_continue,
+                    keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+                    on_response=self.on_response_complete,
+                )
+                if existing_cycle is None or existing_cycle.response_complete:
+                    # `_start_asgi_task`
+                    if self.config.reset_contextvars:
+                        task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
+                    else:
+                        task = self.loop.create_task(cycle.run_asgi(app))
+                    task.add_done_callback(self.tasks.discard)
+                    self.tasks.add(task)
+                else:
+                    self.flow.pause_reading()
+                    self.pipeline.appendleft((cycle, app))
 
         def on_response_complete(self) -> None:
             if self.pipeline:  # a pipelined request is waiting: uvicorn starts it, so one is in flight again:

@@ -367,6 +367,13 @@ _INT64_MAX = 2 ** 63 - 1
 # an exponent, as in the reference parser. Comparisons with it also refuse infinities and NaN.
 _FLOAT_BOUND = 2.0 ** 63
 _FAST_MAX_DEPTH = 256  # deeper limits: the reference parser only (its recursion limit decides near 1000)
+# `math.hypot` of a list of numbers is its Euclidean norm, at least the largest |x| (which it finds exactly,
+# in doubles; ints are converted correctly rounded) and computed to within an ulp or so; NaN gives NaN and
+# an infinity inf. A norm below half `_FLOAT_BOUND` therefore proves every float finite and below the bound
+# and every int in the signed 64-bit range, with a factor-2 margin for the rounding; any other norm, or an
+# exception, only sends the list to the summed bound after it.
+_hypot = math.hypot
+_NORM_BOUND = _FLOAT_BOUND / 2
 
 
 def _fast_members(value: Any, max_depth: int) -> int:
@@ -386,6 +393,16 @@ def _fast_members(value: Any, max_depth: int) -> int:
         else:  # a list
             children = item
             if len(item) > 8:
+                # Numbers only (no str, None or container: hypot refuses those): the Euclidean norm, in C
+                # without an object per element, bounds every |x| (below).
+                try:
+                    norm = _hypot(*item)
+                except (TypeError, OverflowError):
+                    norm = _NORM_BOUND
+                if norm < _NORM_BOUND:
+                    if depth > max_depth:
+                        return -1
+                    continue
                 try:  # numbers only (no str, None or container: abs refuses those): one bound for all
                     total = sum(map(abs, item))
                 except (TypeError, OverflowError):
@@ -431,7 +448,8 @@ def _fast_members(value: Any, max_depth: int) -> int:
 def _fast_parse(text: str, max_depth: int) -> tuple[bool, Any]:
     """(True, value) when orjson parses `text` and the reference parser would give an equal value (same
     types, same floats); (False, None) on any doubt. Duplicate keys: orjson keeps the last value, so the
-    object members in the tree are counted against the key tokens in the text; fewer means one collapsed."""
+    object members in the tree are counted against the colons in the text, and where those are more (a
+    colon in a string, or a collapsed key) against its key tokens; fewer members means one collapsed."""
     if max_depth > _FAST_MAX_DEPTH:
         return False, None
     try:
@@ -441,7 +459,10 @@ def _fast_parse(text: str, max_depth: int) -> tuple[bool, Any]:
     members = _fast_members(value, max_depth)
     if members < 0:
         return False, None
-    if members:
+    # Every ':' of a JSON text is a member's name separator (one per key token, a collapsed duplicate's
+    # included) or inside a string, so the colons number at least the key tokens, which number at least the
+    # members orjson kept: as many colons as members proves no key collapsed (and none in a string).
+    if members and text.count(":") != members:
         tokens = _STRING_TOKEN.findall(text)
         if len(tokens) - tokens.count("") != members:
             return False, None

@@ -170,9 +170,6 @@ class Upstream:
         if params:
             path += "?" + str(httpx.QueryParams(params))
         content = None if json_body is None else encode(json_body)
-        extensions: dict[str, Any] = {"timeout": self._timeout}
-        if idempotent:
-            extensions.update(IDEMPOTENT)
         started = time.perf_counter_ns()
         try:
             if self._fast is not None and not params and "." not in segments and ".." not in segments \
@@ -185,6 +182,9 @@ class Upstream:
                 if any(name.lower() == b"content-encoding" for name, _ in headers):
                     body = httpx.Response(status, headers=headers, content=body).content  # decoded as httpx does
             else:
+                extensions: dict[str, Any] = {"timeout": self._timeout}
+                if idempotent:
+                    extensions.update(IDEMPOTENT)
                 request = httpx.Request(method, self._origin + path, headers=self._headers, content=content,
                                         extensions=extensions)
                 response = await self._transport.handle_async_request(request)

@@ -4,7 +4,8 @@ The forward stage keeps httpx's client API (`httpx.AsyncClient`: URL building, h
 `Response`) and replaces its default transport (httpcore + h11), whose per-request cost dominated the
 sidecar's own work on small requests. Responses are parsed with httptools (the llhttp parser uvicorn
 uses), fed straight from each connection's `asyncio.Protocol.data_received` (no StreamReader; one
-future and at most one read-deadline timer per exchange). What it does, and the httpx exceptions it raises (mapped to 502/504 by `sidecar.stages.forward`):
+future per exchange; one read-deadline timer per connection, set again only when it fires early or a
+shorter deadline comes). What it does, and the httpx exceptions it raises (mapped to 502/504 by `sidecar.stages.forward`):
 
 - **Pool**: at most `max_connections` connections to the origin (waiting longer than the ``pool``
   timeout for one raises `httpx.PoolTimeout`); idle connections are reused last-in first-out and
@@ -88,14 +89,19 @@ class _Connection(asyncio.Protocol):
     """One backend connection as an `asyncio.Protocol`: the response's bytes go from `data_received`
     straight into its httptools parser, and the exchange waits on one future (no StreamReader buffer,
     no task wake-up per read). The ``read`` timeout bounds each wait for data, as a read per wait did:
-    one timer per exchange, moved on (lazily, when it fires) to ``last data + read timeout``.
+    the deadline of the exchange waiting is ``last data + read timeout``, kept as a value; one timer per
+    connection (`timer`, set for `timer_at`) checks it when it fires and is set again for the rest when
+    the deadline is later (data came, or a later exchange started), so an exchange neither sets nor
+    cancels a timer unless none is running or the running one is set for after its deadline. A timer that
+    fires with no exchange waiting ends (the next exchange sets one); `close` and `connection_lost`
+    cancel it.
 
     `outcome` of an exchange: None (the answer is complete, or ended by EOF where that delimits it),
     one of the markers above, or ``(kind, exception)`` for a parse error or a failed connection."""
 
     __slots__ = ("loop", "transport", "idle_since", "used", "eof", "lost", "lost_exc", "dirty", "write_paused",
                  "drain_waiter", "parsed", "parser", "head_only", "reused", "received", "waiter", "outcome",
-                 "last_data", "read_timeout", "timer")
+                 "last_data", "read_timeout", "timer", "timer_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -114,6 +120,7 @@ class _Connection(asyncio.Protocol):
         self.last_data = 0.0
         self.read_timeout: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -146,6 +153,7 @@ class _Connection(asyncio.Protocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
         self.lost = self.eof = True
         self.lost_exc = exc
         waiter = self.waiter
@@ -187,14 +195,37 @@ class _Connection(asyncio.Protocol):
         self.outcome = outcome
         self.waiter.set_result(None)  # type: ignore[union-attr]
 
+    def _arm_read_deadline(self, read_timeout: float) -> None:
+        """Start the read deadline of the exchange about to wait: ``now + read_timeout``, then moved on
+        by every `data_received`. Sets a timer only when none runs or the running one is set for later."""
+        loop = self.loop
+        self.read_timeout = read_timeout
+        due = (now := loop.time()) + read_timeout
+        self.last_data = now
+        timer = self.timer
+        if timer is None or self.timer_at > due:
+            if timer is not None:
+                timer.cancel()
+            self.timer = loop.call_at(due, self._read_deadline)
+            self.timer_at = due
+
     def _read_deadline(self) -> None:
-        due = self.last_data + self.read_timeout  # type: ignore[operator]
+        self.timer = None
+        waiter, read_timeout = self.waiter, self.read_timeout
+        if waiter is None or waiter.done() or read_timeout is None:  # no exchange waiting with a read timeout
+            return
+        due = self.last_data + read_timeout
         if self.loop.time() >= due:
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                self._finish(_READ_TIMEOUT)
-        else:  # data came since the timer was set: wait for the rest of the read timeout after it
+            self._finish(_READ_TIMEOUT)
+        else:  # data came, or a later exchange started, since the timer was set: wait for the rest
             self.timer = self.loop.call_at(due, self._read_deadline)
+            self.timer_at = due
+
+    def _stop_timer(self) -> None:
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
 
     async def drain(self) -> None:
         """Wait while the transport's buffer is over its high-water mark (`asyncio.StreamWriter.drain`):
@@ -215,6 +246,7 @@ class _Connection(asyncio.Protocol):
                 and not self.transport.is_closing())
 
     def close(self) -> None:
+        self._stop_timer()
         try:
             self.transport.close()
         except Exception:
@@ -230,7 +262,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._max = max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: deque[_Connection] = deque()
-        self._slots = asyncio.Semaphore(max_connections)
+        # The pool's slots (one per connection in use): `_free` counts the free ones; `_waiters` are the
+        # requests waiting for one, first come first served, each a future resolved when a slot is handed
+        # to it (`_release`). A request takes a free slot at once only when nobody waits.
+        self._free = max_connections
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._expiry = keepalive_expiry
         self._cap = max_response_bytes
         self._closed = False
@@ -260,24 +296,19 @@ class Http1Transport(httpx.AsyncBaseTransport):
         retried (see the module docstring). Returns (status, raw response headers, body). Raises the
         httpx exceptions of `handle_async_request` (attributed to `request` when given)."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections and the semaphore belong to one event loop
+        if loop is not self._loop:  # connections and the slots' futures belong to one event loop
             for conn in self._idle:
                 conn.close()
             self._idle.clear()
-            self._slots = asyncio.Semaphore(self._max)
+            self._free, self._waiters = self._max, deque()
             self._loop = loop
-        slots = self._slots
-        if slots.locked():  # every connection busy (or others waiting first): wait, at most the pool timeout
-            try:
-                async with asyncio.timeout(timeouts.get("pool")):
-                    await slots.acquire()
-            except TimeoutError as exc:
-                raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
-        else:
-            await slots.acquire()  # returns at once (no suspension), so no timeout context is needed
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+        else:  # every connection busy (or others waiting first): wait, at most the pool timeout
+            await self._acquire(loop, timeouts.get("pool"), request)
         try:
             for attempt in (0, 1):
-                conn = await self._connection(request, host, port, timeouts.get("connect"))
+                conn = self._pooled() or await self._connection(request, host, port, timeouts.get("connect"))
                 try:
                     response, keep = await self._exchange(request, method, conn, head, body, timeouts)
                 except _StaleConnection as exc:
@@ -297,7 +328,39 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 return response
             raise AssertionError("unreachable")  # pragma: no cover
         finally:
-            self._slots.release()
+            self._release()
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, timeout: float | None,
+                       request: httpx.Request | None) -> None:
+        """Wait for a slot handed over by `_release`, at most `timeout` seconds (`httpx.PoolTimeout`).
+        Cancelled or timed out after a slot was handed over, the slot is passed on."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():  # a slot was ours: the next waiter's, or free
+                self._release()
+            else:
+                waiter.cancel()
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+            if isinstance(exc, TimeoutError):
+                raise httpx.PoolTimeout("no backend connection free in time", request=request) from exc
+            raise
+
+    def _release(self) -> None:
+        """Give a slot back: to the first request still waiting, else to the free ones."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
     @staticmethod
     def _head(request: httpx.Request, length: int) -> bytes:
@@ -323,13 +386,24 @@ class Http1Transport(httpx.AsyncBaseTransport):
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _connection(self, request: httpx.Request | None, host: str, port: int, timeout: float | None) -> _Connection:
+    def _pooled(self) -> _Connection | None:
+        """The most recently used idle connection still alive (closing the dead ones met first), or None."""
+        idle = self._idle
+        if not idle:
+            return None
         now = time.monotonic()
-        while self._idle:
-            conn = self._idle.pop()
+        while idle:
+            conn = idle.pop()
             if conn.alive(now, self._expiry):
                 return conn
             conn.close()
+        return None
+
+    async def _connection(self, request: httpx.Request | None, host: str, port: int, timeout: float | None) -> _Connection:
+        """A pooled connection (`_pooled`), else a new one."""
+        conn = self._pooled()
+        if conn is not None:
+            return conn
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
@@ -365,16 +439,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.WriteError(f"backend write failed: {exc}", request=request) from exc
         if not waiter.done():
             read_timeout = conn.read_timeout = timeouts.get("read")
-            if read_timeout is None:
-                await waiter
-            else:
-                loop = conn.loop
-                conn.last_data = loop.time()
-                conn.timer = loop.call_at(conn.last_data + read_timeout, conn._read_deadline)
-                try:
-                    await waiter
-                finally:
-                    conn.timer.cancel()
+            if read_timeout is not None:
+                conn._arm_read_deadline(read_timeout)
+            await waiter  # a timer left running finds no exchange waiting, or this one's deadline
         conn.parsed = conn.parser = None
         outcome = conn.outcome
         if outcome is not None:

@@ -13,6 +13,8 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sidecar.errors import UpstreamError, UpstreamTimeout
 from sidecar.stages.forward import Upstream
@@ -629,4 +631,114 @@ def test_a_connection_with_bytes_nobody_asked_for_is_not_reused(Transport: Any) 
                     assert (await client.get("/")).json() == {"conn": i}
                     await asyncio.sleep(0.1)
             assert backend.connections == 3
+    run(main())
+
+
+def test_read_deadline_across_exchanges_on_one_connection(Transport: Any) -> None:
+    """The read deadline belongs to the exchange waiting, whatever timer an earlier exchange on the same
+    pooled connection left running: a shorter read timeout after a longer one still ends a stalled answer,
+    a timer that fired while the connection sat idle does not end the next exchange early, and an answer
+    dribbling in with pauses under the read timeout completes on a reused connection."""
+    async def script(conn: int, n: int, raw: bytes) -> Any:
+        if b"/hang" in raw:
+            return [5.0, ok()]
+        if b"/dribble" in raw:
+            return [b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", 0.1, b"[1,", 0.1, b"2,", 0.1, b"3]"]
+        return ok()
+
+    async def main() -> None:
+        async with Backend(script) as backend:
+            async with httpx.AsyncClient(transport=Transport(max_connections=1), base_url=backend.url) as client:
+                assert (await client.get("/", timeout=httpx.Timeout(30))).json() == {"ok": True}
+                with pytest.raises(httpx.ReadTimeout):  # 0.3 s, not the 30 s of the exchange before
+                    await asyncio.wait_for(client.get("/hang", timeout=httpx.Timeout(30, read=0.3)), 4.0)
+                assert (await client.get("/", timeout=httpx.Timeout(30, read=0.6))).json() == {"ok": True}
+                await asyncio.sleep(0.7)  # the connection's timer fires with nothing waiting
+                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.6))).json() == [1, 2, 3]
+                assert (await client.get("/dribble", timeout=httpx.Timeout(30, read=0.6))).json() == [1, 2, 3]
+                with pytest.raises(httpx.ReadTimeout):
+                    await asyncio.wait_for(client.get("/hang", timeout=httpx.Timeout(30, read=0.3)), 4.0)
+                assert (await client.get("/", timeout=httpx.Timeout(30, read=None))).json() == {"ok": True}
+            assert backend.connections == 3  # the two timed-out connections were dropped, the others reused
+    run(main())
+
+
+def test_closing_a_connection_stops_its_read_timer() -> None:
+    async def main() -> None:
+        async with Backend(always_ok) as backend:
+            transport = Http1Transport(max_connections=1)
+            async with httpx.AsyncClient(transport=transport, base_url=backend.url, timeout=30) as client:
+                await client.get("/")
+                (conn,) = transport._idle
+                assert conn.timer is not None  # left running for the next exchange
+            assert conn.timer is None
+    run(main())
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(st.tuples(st.sampled_from([None, 0.0, 0.01, 0.03, 0.06]), st.sampled_from([5.0, 0.02])),
+                     min_size=1, max_size=7))
+def test_pool_slots_are_never_lost_nor_exceeded(plan: list[tuple[float | None, float]], Transport: Any) -> None:
+    """Requests on a pool of two connections, some cancelled at some point (waiting for a slot, or during
+    the exchange), some with a pool timeout shorter than the backend's answer: never more than two
+    exchanges at once, every request answered, cancelled or refused with `httpx.PoolTimeout`, and
+    afterwards both slots free (two requests at once both get one)."""
+    async def slow(conn: int, n: int, raw: bytes) -> list[Any]:
+        return [0.04, ok()]
+
+    async def main() -> None:
+        async with Backend(slow) as backend:
+            transport = Transport(max_connections=2)
+            exchanges, most = [0], [0]
+            inner = transport._exchange
+
+            async def counted(*args: Any) -> Any:
+                exchanges[0] += 1
+                most[0] = max(most[0], exchanges[0])
+                try:
+                    return await inner(*args)
+                finally:
+                    exchanges[0] -= 1
+            transport._exchange = counted
+            async with httpx.AsyncClient(transport=transport, base_url=backend.url) as client:
+                tasks = [asyncio.ensure_future(client.get("/", timeout=httpx.Timeout(5, pool=pool))) for _, pool in plan]
+                for (cancel_after, _), task in zip(plan, tasks):
+                    if cancel_after is not None:
+                        asyncio.get_running_loop().call_later(cancel_after, task.cancel)
+                for task in tasks:
+                    try:
+                        assert (await task).json() == {"ok": True}
+                    except (asyncio.CancelledError, httpx.PoolTimeout):
+                        pass
+                again = await asyncio.gather(*(client.get("/", timeout=httpx.Timeout(5, pool=2)) for _ in range(2)))
+                assert [r.json() for r in again] == [{"ok": True}] * 2
+                if Transport is Http1Transport:
+                    assert transport._free == 2 and not transport._waiters
+            assert most[0] <= 2
+    run(main())
+
+
+def test_a_slot_handed_to_a_request_cancelled_before_it_resumes_is_passed_on() -> None:
+    """`Http1Transport._release` hands the slot to the first waiter; cancelled in the same loop turn (before
+    it runs), that waiter gives the slot back; a waiter cancelled before being handed one leaves the queue."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport = Http1Transport(max_connections=1)
+        transport._loop, transport._free = loop, 0  # the one slot is in use
+        first = asyncio.ensure_future(transport._acquire(loop, None, None))
+        second = asyncio.ensure_future(transport._acquire(loop, None, None))
+        await asyncio.sleep(0)
+        assert len(transport._waiters) == 2
+        second.cancel()  # waiting, no slot yet: leaves the queue
+        await asyncio.sleep(0)
+        assert len(transport._waiters) == 1
+        transport._release()  # the slot goes to `first` ...
+        first.cancel()  # ... cancelled before it resumes: the slot is free again
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert transport._free == 1 and not transport._waiters
+        third = asyncio.ensure_future(transport._acquire(loop, 0.05, None))
+        with pytest.raises(httpx.PoolTimeout):  # nobody releases: the pool timeout
+            await third
+        assert transport._free == 1 and not transport._waiters
     run(main())

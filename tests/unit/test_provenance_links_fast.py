@@ -60,6 +60,19 @@ metas = st.none() | st.just("not an object") | st.fixed_dictionaries(
                   "mw_supersedes_id": st.just("stale")})
 
 
+def narrowed(meta: dict[str, Any], links: dict[str, str], visible: set[str]) -> dict[str, Any]:
+    """The metadata a row shows (the rule, independent of either implementation): its links added, and its
+    own ``mw_derived_from`` narrowed to the readable parents (dropped when none is)."""
+    out = {**meta, **links}
+    if "mw_derived_from" in meta:
+        shown = [x for x in str(meta["mw_derived_from"]).split(",") if x and x in visible]
+        if shown:
+            out["mw_derived_from"] = ",".join(shown)
+        else:
+            del out["mw_derived_from"]
+    return out
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(IDS), pairs, pairs), max_size=8, unique_by=lambda t: t[0]),
        st.sets(st.sampled_from(IDS)), st.lists(st.tuples(st.sampled_from(IDS + ["ghost"]), metas), max_size=10),
@@ -68,7 +81,10 @@ def test_decorate_agrees_with_de70fd8(spec: list[tuple[str, Any, Any]], readable
                                       returned: list[tuple[str, Any]], seen: set[str]) -> None:
     """Rows with and without metadata objects, repeated ids, ids the ledger does not know, some or all of them
     read for the request (the rest from the ledger), links within and across collections, parents: the same
-    rows (metadata objects replaced, not changed in place, as before), the same ledger and readability calls."""
+    rows (metadata objects replaced, not changed in place, as before), the same ledger and readability calls.
+    Where an id repeats among the rows with metadata objects, de70fd8 keyed parents by id (a 500, KeyError,
+    when only some copies named parents; else every copy narrowed from one copy's list): each row now shows
+    its own metadata narrowed (`narrowed`), never an unreadable parent, and is never a 500."""
     rows = {rid: Row("chroma", "c", rid, "t", "f", "t/f/a", "tenant", "t/f/a", 1, supersedes=sup, superseded_by=by)
             for rid, sup, by in spec}
     outs = []
@@ -83,11 +99,44 @@ def test_decorate_agrees_with_de70fd8(spec: list[tuple[str, Any, Any]], readable
         try:
             decorate(provenance(calls), ex, "c", answer, id_key="ids", meta_key="metadatas")
             raised = None
-        except KeyError as exc:  # a repeated id whose copies disagree on mw_derived_from (as before: 500)
+        except KeyError as exc:  # de70fd8 only: a repeated id whose copies disagree on mw_derived_from
             raised = repr(exc)
         unchanged = [m == o for m, o in zip(kept, [m for _, m in returned])]  # metadata objects never edited in place
         outs.append((raised, answer, [r["metadatas"] is k for r, k in zip(answer, kept)], unchanged, calls.log))
-    assert outs[0] == outs[1]
+    with_meta = [i for i, m in returned if isinstance(m, dict)]
+    if len(set(with_meta)) == len(with_meta):
+        assert outs[0] == outs[1]
+        return
+    raised, answer, _, unchanged, log = outs[0]
+    assert raised is None and all(unchanged)
+    calls = Calls(rows, readable)  # the links part of the calls: as before
+    ex = Exchange(method="POST", raw_path="/")
+    ex.ledger_rows.update((("chroma", "c", i), r) for i, r in rows.items() if i in seen)
+    links = provenance_reference.links_de70fd8(provenance(calls), ex, "c", with_meta)
+    wanted = sorted({x for _, m in returned if isinstance(m, dict) and "mw_derived_from" in m
+                     for x in str(m["mw_derived_from"]).split(",") if x})
+    parents_call = [("readable", "chroma", "c", wanted, {"include_superseded": True, "count": False})]
+    assert log == calls.log + (parents_call if any(isinstance(m, dict) and "mw_derived_from" in m for _, m in returned) else [])
+    for r, (i, m) in zip(answer, returned):
+        if isinstance(m, dict):
+            assert r["metadatas"] == narrowed(m, links.get(i, {}), readable)
+            assert not {x for x in str(r["metadatas"].get("mw_derived_from", "")).split(",") if x} - readable
+        else:
+            assert r["metadatas"] == m
+
+
+def test_repeated_id_each_copy_its_own_parents() -> None:
+    """An answer repeating id r1, one copy naming parents and one not (de70fd8: KeyError, a 500, when no parent
+    was readable; else the other copy shown the first's parents): each copy keeps its own metadata, narrowed."""
+    rows = {i: Row("chroma", "c", i, "t", "f", "t/f/a", "tenant", "t/f/a", 1) for i in ("r1", "r2", "r3")}
+    for readable, shown in (({"r2"}, "r2"), (set(), None)):
+        answer = [{"ids": "r1", "metadatas": {"mw_derived_from": "r2,r3"}}, {"ids": "r1", "metadatas": {"k": "v"}},
+                  {"ids": "r1", "metadatas": {"mw_derived_from": "r3"}}]
+        Provenance.decorate(provenance(Calls(rows, readable)), Exchange(method="POST", raw_path="/"), "c", answer,
+                            id_key="ids", meta_key="metadatas")
+        assert answer[0]["metadatas"] == ({"mw_derived_from": shown} if shown else {})
+        assert answer[1]["metadatas"] == {"k": "v"}
+        assert answer[2]["metadatas"] == {}
 
 
 @settings(max_examples=300, deadline=None)
