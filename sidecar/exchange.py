@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -78,3 +79,50 @@ class Exchange:
 
     def elapsed_us(self) -> int:
         return (time.perf_counter_ns() - self.started_ns) // 1000
+
+
+def _literal_init(cls: type) -> None:
+    """Give dataclass `cls` an ``__init__`` with the parameters, defaults and assignments of the one
+    `dataclasses` generates (same names, order and defaults; a field with a default factory takes its
+    factory's value unless passed), except that a ``list`` or ``dict`` default factory is written as the
+    literal ``[]`` / ``{}`` — a new empty container each time, as the factory call makes, without the call
+    (most of what building an `Exchange` cost). Made from `dataclasses.fields`, so a field added later is
+    covered."""
+    names: dict[str, Any] = {"_FACTORY": _FACTORY}
+    params, body = [], []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.kw_only:
+            raise TypeError(f"{cls.__name__}.{f.name}: only plain init fields are supported")
+        if f.default_factory is not dataclasses.MISSING:
+            literal = {list: "[]", dict: "{}"}.get(f.default_factory)  # type: ignore[call-overload]
+            if literal is None:
+                names[f"_factory_{f.name}"] = f.default_factory
+                literal = f"_factory_{f.name}()"
+            params.append(f"{f.name}=_FACTORY")
+            body.append(f"    self.{f.name} = {literal} if {f.name} is _FACTORY else {f.name}")
+        elif f.default is not dataclasses.MISSING:
+            names[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+            body.append(f"    self.{f.name} = {f.name}")
+        else:
+            params.append(f.name)
+            body.append(f"    self.{f.name} = {f.name}")
+    source = f"def __init__(self, {', '.join(params)}) -> None:\n" + "\n".join(body) + "\n"
+    exec(source, names)  # noqa: S102 - generated from the dataclass's own field list, as dataclasses does
+    init = names["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[misc]
+
+
+class _FactoryDefault:
+    """The default of a parameter whose field has a default factory (``repr``: like the dataclass's)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _FactoryDefault()
+_literal_init(Exchange)

@@ -8,11 +8,13 @@ Rotation: stdlib `logging.handlers.RotatingFileHandler` (rotate above `max_bytes
 `backups` files ``path.1`` … ``path.N``); each line is flushed as it is written. A file deleted or
 renamed by someone else (logrotate) is written on until it reaches `max_bytes`, then a new file is opened
 at the path; a truncated one (``copytruncate``) is measured as it is now (see
-`_LineRotatingFileHandler._rolls_over`).
+`_LineRotatingFileHandler._rolls_over`). The stdout sink writes each line in one ``write`` call
+(`LinePrintLogger`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import logging
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
 import structlog
+from structlog._output import stdout as _STRUCTLOG_STDOUT  # what PrintLogger compares its file to
 
 _MASK_KEY = os.urandom(32)
 
@@ -81,24 +84,41 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
 
     def _rolls_over(self, text: str) -> bool:
         """`RotatingFileHandler.shouldRollover` (CPython 3.11/3.12) on the formatted `text`, with one
-        ``fstat`` of the open file instead of two ``stat`` of the path and a seek and tell: rotate when the
+        ``lseek`` of the open file instead of two ``stat`` of the path and a seek and tell: rotate when the
         file's size plus ``len(text)`` reaches `maxBytes` (``maxBytes`` 0: never). The size is the open
-        file's, as ``seek(0, 2); tell()`` gives it (every line is flushed: nothing is buffered), so lines
-        appended by another process and a truncation (``copytruncate``) count as they did. Never a
-        non-regular file: the open file is not rotated when it is not one (``/dev/stdout`` as the path: a
-        pipe, a terminal), and, as the stdlib checks, the path is not rotated when it names something that
-        is not a regular file — that path check made only at a rotation point, not for every line. A path
-        deleted or renamed by someone else is written on (the open file) until its size reaches
+        file's now, its end as ``seek(0, 2)`` finds it (every line is flushed: nothing is buffered; the file
+        is opened for appending, as `RotatingFileHandler` opens it whenever ``maxBytes`` > 0, so moving its
+        offset moves no write), so lines appended by another process and a truncation (``copytruncate``)
+        count as they did. Never a non-regular file: the open file is not rotated when it is not one
+        (``/dev/stdout`` as the path: a pipe, a terminal; found by one ``fstat`` per opened file, as the type
+        of an open file never changes), and, as the stdlib checks, the path is not rotated when it names
+        something that is not a regular file — that path check made only at a rotation point, not for every
+        line. A path deleted or renamed by someone else is written on (the open file) until its size reaches
         `maxBytes`, then `doRollover` opens a new file at the path (the stdlib's behaviour). Raises OSError
         (reported by `write_line` through `handleError`)."""
         if self.maxBytes <= 0:
             return False
         if self.stream is None:
             self.stream = self._open()
-        st = os.fstat(self.stream.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size + len(text) < self.maxBytes:
+        stream = self.stream
+        kind = self._kind
+        if kind is None or kind[0] is not stream:
+            fd = stream.fileno()
+            mode = os.fstat(fd).st_mode
+            kind = self._kind = (stream, stat.S_ISREG(mode), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND))
+        if not kind[1]:
+            return False
+        # The descriptor asked of the stream each time (ValueError once the stream is closed, as before).
+        if kind[2]:  # appending: the end is the size, and moving the offset there moves no write
+            size = os.lseek(stream.fileno(), 0, os.SEEK_END)
+        else:
+            size = os.fstat(stream.fileno()).st_size
+        if size + len(text) < self.maxBytes:
             return False
         return not (os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename))
+
+    # (the stream, whether it is a regular file, whether it was opened to append), found once per stream opened
+    _kind: tuple[Any, bool, bool] | None = None
 
 
 class RotatingFileLogger:
@@ -127,11 +147,42 @@ class RotatingFileLogger:
 _METHODS = ("msg", "log", "debug", "info", "warn", "warning", "err", "error", "critical", "exception", "failure", "fatal")
 
 
+class LinePrintLogger(structlog.PrintLogger):
+    """`structlog.PrintLogger` writing each line in one ``write`` call: the rendered message and its newline
+    as one string, then ``flush()``, under the same per-file lock, to the same file (the interpreter's
+    current ``sys.stdout`` when made for the ``sys.stdout`` structlog imported, as ``print(file=None)``
+    writes; nothing when that is None). ``print(message, file=f, flush=True)`` writes the message and the
+    newline in two calls, which an unbuffered stdout (``PYTHONUNBUFFERED=1``, ``python -u``: the text layer
+    writes through to the raw file) turns into two system calls per line; the bytes are the same."""
+
+    def msg(self, message: str) -> None:
+        """Write `message` and a newline in one call, then flush."""
+        f = self._file if self._file is not _STRUCTLOG_STDOUT else sys.stdout
+        text = (message if type(message) is str else str(message)) + "\n"
+        with self._lock:
+            if f is None:
+                return
+            f.write(text)
+            f.flush()
+
+    log = debug = info = warn = warning = err = error = critical = exception = failure = fatal = msg
+
+
+class LinePrintLoggerFactory:
+    """`structlog.PrintLoggerFactory` making `LinePrintLogger` objects (a new one per call, on `file`)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self._file = file
+
+    def __call__(self, *args: Any) -> LinePrintLogger:
+        return LinePrintLogger(self._file)
+
+
 def logger_factory(sink: str = "stdout", path: Path | None = None, max_bytes: int = 100 * 1024 * 1024,
                    backups: int = 5) -> Callable[..., Any]:
     """A structlog logger factory for `sink` (``stdout`` or ``file``). Raises ValueError otherwise."""
     if sink == "stdout":
-        return structlog.PrintLoggerFactory(file=sys.stdout)
+        return LinePrintLoggerFactory(file=sys.stdout)
     if sink == "file":
         if path is None:
             raise ValueError("the file sink needs a path (MEMWARDEN_DECISION_LOG_PATH)")

@@ -252,7 +252,7 @@ class PolicyHandle:
             return self.decide([request()], entities(), ps)[0]
         t0 = time.perf_counter()
         decision = ps.engine.decide_keyed(key, request, entities)
-        self.metrics.observe_cedar([action], [decision.allowed], time.perf_counter() - t0)
+        self.metrics.observe_cedar_one(action, decision.allowed, time.perf_counter() - t0)
         for pid in decision.error_policies:
             self.metrics.cedar_evaluation_errors.labels(action, pid).inc()
         return decision

@@ -29,7 +29,7 @@ from sidecar.errors import BadRequest, PayloadTooLarge, Unauthorized
 METHOD_OVERRIDE_HEADERS = {"x-http-method-override", "x-http-method", "x-method-override"}
 METHOD_OVERRIDE_PARAMS = {"_method"}
 # Stripped from every request and never read: identity and routing must come from the sidecar only.
-IDENTITY_HEADER_PREFIXES = ("x-forwarded-", "x-envoy-", "x-memwarden-")
+IDENTITY_HEADER_PREFIXES = ("x-forwarded-", "x-envoy-", "x-memwarden-")  # all begin with "x" (`canonical_headers`)
 IDENTITY_HEADERS = {
     "x-agent-id", "x-tenant-id", "x-user-id", "x-fleet-id", "x-trust", "x-real-ip", "forwarded",
     "x-original-url", "x-rewrite-url", "x-original-uri", "x-chroma-token",
@@ -37,6 +37,7 @@ IDENTITY_HEADERS = {
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SEGMENT_FORBIDDEN = set("/\\;?#%")
 _PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9._~-]*)+")  # RFC 3986 unreserved characters between slashes
+_PLAIN_PATH_BYTES = b"/ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~-"  # the same, as bytes
 
 
 def _decode_segment(raw: str) -> str:
@@ -58,7 +59,20 @@ def canonical_path(raw_path: bytes) -> list[str]:
 
     ``b"/api/v2/x%20y"`` → ``["api", "v2", "x y"]``; a trailing slash yields a final empty segment
     (which no route matches).
-    """
+
+    A path of RFC 3986 unreserved characters and slashes only, starting with one, is split as it is (each
+    segment decodes to itself: no percent sign, control character or non-ASCII byte), found by deleting
+    those bytes (``bytes.translate``) instead of a regular expression; every other path, and one with
+    ``//`` or a dot segment, is answered by `_decoded_path` (the same segments or the same error)."""
+    if type(raw_path) is bytes and raw_path[:1] == b"/" and not raw_path.translate(None, _PLAIN_PATH_BYTES) \
+            and b"//" not in raw_path and b"/." not in raw_path:  # no "//", no segment starting with "."
+        return raw_path[1:].decode("ascii").split("/")
+    return _decoded_path(raw_path)
+
+
+def _decoded_path(raw_path: bytes) -> list[str]:
+    """`canonical_path` of any path: decoded, checked, split and every segment decoded (`_decode_segment`)
+    unless it is plain (`_PLAIN_PATH`)."""
     try:
         path = raw_path.decode("ascii")
     except UnicodeDecodeError as exc:
@@ -128,35 +142,40 @@ def canonical_headers(raw_headers: list[tuple[bytes, bytes]]) -> tuple[dict[str,
 
     Raises `BadRequest` for control characters, method overrides or conflicting framing headers.
 
-    The control characters of every name and value are looked for at once, in the raw bytes (UTF-8
-    encodes U+0000–U+001F and U+007F as those single bytes and no other character uses them); when
-    there is one, or a name or value does not decode, `_reference_headers` answers (the same error
-    for the same first header)."""
-    try:
-        if _CONTROL_BYTES.search(b"".join([n for n, _ in raw_headers])) or \
-                _CONTROL_BYTES_BUT_TAB.search(b"".join([v for _, v in raw_headers])):
-            return _reference_headers(raw_headers)
-    except TypeError:  # not bytes: the reference says what it makes of them
-        return _reference_headers(raw_headers)
+    Each name and value is decoded (ASCII, UTF-8) and must be printable (`str.isprintable`: false for
+    U+0000–U+001F and U+007F, as for some other characters); the first header that does not decode or
+    is not printable — a control character, a tab, a non-printable character the reference accepts — hands
+    the whole list to `_reference_headers`, which answers (the same error for the same first header, or
+    the same result). A method override before it is refused here, as the reference refuses it there."""
     headers: dict[str, list[str]] = {}
     stripped: list[str] = []
+    special = _SPECIAL_HEADERS
     try:
         for raw_name, raw_value in raw_headers:
-            name = raw_name.decode("ascii").lower()
-            value = raw_value.decode("utf-8")
-            if name in METHOD_OVERRIDE_HEADERS:
+            # UTF-8 (the default: no encoding name to look up) and ASCII-only is what decoding as ASCII accepts
+            name = raw_name.decode().lower()
+            value = raw_value.decode()
+            if not (name.isascii() and name.isprintable() and value.isprintable()):
+                return _reference_headers(raw_headers)
+            kind = special.get(name)
+            if kind is None and (name[:1] != "x" or not name.startswith(IDENTITY_HEADER_PREFIXES)):
+                values = headers.get(name)
+                if values is None:
+                    headers[name] = [value]
+                else:
+                    values.append(value)
+            elif kind is _OVERRIDE:
                 raise BadRequest("method override headers are not accepted")
-            if name in IDENTITY_HEADERS or name.startswith(IDENTITY_HEADER_PREFIXES):
-                stripped.append(name)
-                continue
-            values = headers.get(name)
-            if values is None:
-                headers[name] = [value]
             else:
-                values.append(value)
-    except UnicodeDecodeError:
+                stripped.append(name)
+    except (UnicodeDecodeError, AttributeError, TypeError, ValueError):  # not bytes pairs: the reference says
         return _reference_headers(raw_headers)
     return _framing_checked(headers), stripped
+
+
+_OVERRIDE, _IDENTITY = "override", "identity"
+# Every header name `canonical_headers` does not keep as it is, by what it does with it (one look-up).
+_SPECIAL_HEADERS = {**{n: _IDENTITY for n in IDENTITY_HEADERS}, **{n: _OVERRIDE for n in METHOD_OVERRIDE_HEADERS}}
 
 
 def _framing_checked(headers: dict[str, list[str]]) -> dict[str, list[str]]:
