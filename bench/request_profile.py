@@ -6,6 +6,11 @@
         .venv/bin/python bench/request_profile.py run DIR --n 50 --breakdown DIR/events.json
     .venv/bin/python bench/request_profile.py table DIR
 
+``--pg URL`` (at ``setup``; ``run`` reads it from DIR/state.json): the ledger is a new PostgreSQL database on the
+server of URL (e.g. ``postgresql://postgres@127.0.0.1:5432/postgres``) instead of DIR/ledger.db, with its planner
+statistics refreshed after seeding; ``run --drop`` drops that database after the run.
+``--op q10`` (at ``run``) measures queries k=10 (``include`` documents, metadatas, distances) instead of gets.
+
 ``setup`` starts a Chroma server on DIR/chroma and a sidecar (subprocess) on DIR/ledger.db, and seeds one
 collection of `--rows` rows (dim `--dim`), every row tenant-scoped and written by the caller (agent
 ``f/a``, trust 1), as `bench/overhead.py` does at 100 % readable; then stops both. ``run`` starts the same
@@ -41,21 +46,32 @@ HERE = Path(__file__).resolve().parent
 POLICIES = HERE.parent / "policies"
 
 
-def setup(root: Path, rows: int, dim: int) -> None:
+def setup(root: Path, rows: int, dim: int, pg: str | None = None) -> None:
+    import uuid
+
     import httpx
 
     from sidecar.harness import start_chroma, start_sidecar
     from sidecar.ledger import open_ledger
 
     root.mkdir(parents=True, exist_ok=True)
+    url: str | None = None
+    if pg:
+        import psycopg
+
+        db = f"mw_profile_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(pg, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{db}"')  # type: ignore[arg-type]
+        url = pg.rpartition("/")[0] + "/" + db
     chroma = start_chroma(root / "chroma")
     try:
-        led = open_ledger(str(root / "ledger.db"))
+        led = open_ledger(url or str(root / "ledger.db"))
         admin = led.create_key("admin", "bench", None, None, 0)[1]
         agent = led.create_key("agent", "bench", "f", "a", 1)[1]
         led.close()
         side = start_sidecar(chroma.url, root / "ledger.db", POLICIES, extra_env={
-            "MEMWARDEN_RECONCILE_INTERVAL_S": "0", "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
+            "MEMWARDEN_RECONCILE_INTERVAL_S": "0", "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
+            **({"MEMWARDEN_LEDGER_URL": url} if url else {})})
         try:
             with httpx.Client(base_url=side.url, headers={"X-API-Key": admin}, timeout=120, trust_env=False) as http:
                 http.post("/api/v2/tenants", json={"name": "bench"}).raise_for_status()
@@ -76,7 +92,18 @@ def setup(root: Path, rows: int, dim: int) -> None:
             side.stop()
     finally:
         chroma.stop()
-    (root / "state.json").write_text(json.dumps({"agent": agent, "collection": cid, "ids": ids}))
+    if url:
+        led = open_ledger(url)
+        try:
+            import time
+
+            deadline = time.monotonic() + 30  # the statistics of the seeding writes reach pg_stat within a second or so
+            while "rows" not in getattr(led, "inner", led).refresh_statistics() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            led.close()
+    (root / "state.json").write_text(json.dumps({"agent": agent, "collection": cid, "ids": ids, "pg": pg,
+                                                 "ledger_url": url, "dim": dim}))
 
 
 # (module path, attribute path) of the functions whose inclusive cost `table` reports, outermost first.
@@ -183,15 +210,17 @@ def _install(services: Any) -> None:
             setattr(services.ledger, name, _wrap(f"ledger.{name}", fn))
 
 
-async def drive(root: Path, n: int, warm: int, breakdown: Path | None) -> None:
+async def drive(root: Path, n: int, warm: int, breakdown: Path | None, op: str = "get", drop: bool = False) -> None:
     from sidecar.app import create_app
+    from sidecar.ledger import offloop
     from sidecar.config import Settings
     from sidecar.harness import start_chroma
 
     state = json.loads((root / "state.json").read_text())
     chroma = start_chroma(root / "chroma")
     try:
-        settings = Settings(backend_url=chroma.url, ledger_path=root / "ledger.db", policies_dir=POLICIES,
+        settings = Settings(backend_url=chroma.url, ledger_path=root / "ledger.db", ledger_url=state.get("ledger_url"),
+                            policies_dir=POLICIES,
                             reconcile_interval_s=0, policy_watch_interval_s=0, decision_log_sink="file",
                             decision_log_path=root / "decisions.jsonl", ledger_cache_ttl_s=3600)
         app = create_app(settings)
@@ -201,11 +230,17 @@ async def drive(root: Path, n: int, warm: int, breakdown: Path | None) -> None:
         services.upstream._transport._expiry = 3600.0
         if breakdown is not None:
             _install(services)
-        path = f"/api/v2/tenants/bench/databases/benchdb/collections/{state['collection']}/get"
         rnd = random.Random(7)
-        bodies = [json.dumps({"ids": [state["ids"][rnd.randrange(len(state["ids"]))]],
-                              "include": ["documents", "metadatas"]}, separators=(",", ":")).encode()
-                  for _ in range(500)]
+        if op == "get":
+            path = f"/api/v2/tenants/bench/databases/benchdb/collections/{state['collection']}/get"
+            bodies = [json.dumps({"ids": [state["ids"][rnd.randrange(len(state["ids"]))]],
+                                  "include": ["documents", "metadatas"]}, separators=(",", ":")).encode()
+                      for _ in range(500)]
+        else:
+            path = f"/api/v2/tenants/bench/databases/benchdb/collections/{state['collection']}/query"
+            bodies = [json.dumps({"query_embeddings": [[round(rnd.uniform(-1, 1), 6) for _ in range(state.get("dim", 384))]],
+                                  "n_results": 10, "include": ["documents", "metadatas", "distances"]},
+                                 separators=(",", ":")).encode() for _ in range(200)]
         sent: list[Any] = []
 
         async def send(message: dict[str, Any]) -> None:
@@ -238,8 +273,15 @@ async def drive(root: Path, n: int, warm: int, breakdown: Path | None) -> None:
         if breakdown is not None:
             breakdown.write_text(json.dumps({"n": n, "events": EVENTS}))
         await services.upstream.close()
+        await offloop.aclose(services.ledger)
+        services.ledger.close()
     finally:
         chroma.stop()
+        if drop and state.get("ledger_url"):
+            import psycopg
+
+            with psycopg.connect(state["pg"], autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{state["ledger_url"].rpartition("/")[2]}" WITH (FORCE)')  # type: ignore[arg-type]
 
 
 def part_totals(parts_dir: Path) -> dict[int, int]:
@@ -299,18 +341,21 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=200)
     ap.add_argument("--breakdown", type=Path, default=None)
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    ap.add_argument("--pg", default=None, help="setup: a PostgreSQL ledger on this server instead of SQLite")
+    ap.add_argument("--op", choices=["get", "q10"], default="get")
+    ap.add_argument("--drop", action="store_true", help="run: drop the PostgreSQL ledger database afterwards")
     args = ap.parse_args()
     if args.mode == "setup":
-        setup(args.dir, args.rows, args.dim)
+        setup(args.dir, args.rows, args.dim, args.pg)
     elif args.mode == "table":
         table(args.dir)
     else:
         if args.loop == "uvloop":
             import uvloop
 
-            uvloop.run(drive(args.dir, args.n, args.warm, args.breakdown))
+            uvloop.run(drive(args.dir, args.n, args.warm, args.breakdown, args.op, args.drop))
         else:
-            asyncio.run(drive(args.dir, args.n, args.warm, args.breakdown))
+            asyncio.run(drive(args.dir, args.n, args.warm, args.breakdown, args.op, args.drop))
 
 
 if __name__ == "__main__":

@@ -322,18 +322,13 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     app = self.app
 
                 existing_cycle = self.cycle
+                # uvicorn's keyword arguments, passed by position (no keyword dict per request): scope,
+                # transport, flow, logger, access_logger, access_log, default_headers, message_event,
+                # expect_100_continue, keep_alive, on_response
                 self.cycle = cycle = RequestResponseCycle(
-                    scope=scope,
-                    transport=self.transport,
-                    flow=self.flow,
-                    logger=self.logger,
-                    access_logger=self.access_logger,
-                    access_log=self.access_log,
-                    default_headers=self.server_state.default_headers,
-                    message_event=asyncio.Event(),
-                    expect_100_continue=self.expect_100_continue,
-                    keep_alive=http_version != "1.0" and parser.should_keep_alive(),
-                    on_response=self.on_response_complete,
+                    scope, self.transport, self.flow, self.logger, self.access_logger, self.access_log,
+                    self.server_state.default_headers, asyncio.Event(), self.expect_100_continue,
+                    http_version != "1.0" and parser.should_keep_alive(), self.on_response_complete,
                 )
                 if existing_cycle is None or existing_cycle.response_complete:
                     # `_start_asgi_task`
