@@ -8,11 +8,13 @@ Row governance (status, scope, readers, supersession, tombstones) is never cache
 while all of these hold; otherwise every cache is dropped and the ledger is asked:
 
 - `version()` returns the token it returned when the entry was stored. The SQLite ledger's token is
-  ``PRAGMA data_version`` (changed by every commit of another connection, any process) with its own
-  count of write transactions; the PostgreSQL ledger's is the count of notifications received on its
+  the WAL index's header, read from the mapped ``-shm`` file (rewritten by every commit of any connection,
+  any process), or ``PRAGMA data_version`` when that header cannot be used (changed by every commit of
+  another connection), with its own count of write transactions (`SQLiteLedger.cache_version`); the
+  PostgreSQL ledger's is the count of notifications received on its
   ``LISTEN`` channel (every write that changes keys, collections or agents sends one in its
   transaction), and ``None`` while that channel is down — then nothing is cached at all;
-  The token is read at every lookup (on SQLite one ``PRAGMA``, a few microseconds), never from a
+  The token is read for every request (on SQLite a read of shared memory, no system call), never from a
   remembered value: a change committed just before a request must fail that request;
 - the entry is younger than `ttl_s` seconds (a backstop for changes made around memwarden);
 - no write went through this wrapper since (every method not in `READ_ONLY` drops the caches).

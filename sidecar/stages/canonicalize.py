@@ -220,6 +220,9 @@ def credential(headers: dict[str, list[str]]) -> str | None:
     Raises `Unauthorized` when more than one credential is present and they differ, or the
     Authorization scheme is not Bearer. Returns None when there is none.
     """
+    api = headers.get("x-api-key")
+    if api is not None and len(api) == 1 and "authorization" not in headers:  # one X-API-Key, nothing else
+        return api[0].strip()
     auth = headers.get("authorization", [])
     api = headers.get("x-api-key", [])
     if len(auth) > 1 or len(api) > 1:

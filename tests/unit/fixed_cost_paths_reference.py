@@ -155,3 +155,24 @@ def rolls_over(handler: Any, text: str) -> bool:
     if not stat.S_ISREG(st.st_mode) or st.st_size + len(text) < handler.maxBytes:
         return False
     return not (os.path.exists(handler.baseFilename) and not os.path.isfile(handler.baseFilename))
+
+
+def credential(headers: dict[str, list[str]]) -> str | None:
+    """`canonicalize.credential` as it was (no shortcut for a lone ``X-API-Key``)."""
+    from sidecar.errors import Unauthorized
+
+    auth = headers.get("authorization", [])
+    api = headers.get("x-api-key", [])
+    if len(auth) > 1 or len(api) > 1:
+        raise Unauthorized("more than one credential")
+    found: list[str] = []
+    if auth:
+        scheme, _, token = auth[0].strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("Authorization must be 'Bearer <key>'")
+        found.append(token.strip())
+    if api:
+        found.append(api[0].strip())
+    if len(set(found)) > 1:
+        raise Unauthorized("more than one credential")
+    return found[0] if found else None

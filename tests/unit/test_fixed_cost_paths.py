@@ -287,3 +287,25 @@ def test_rolls_over_never_rotates_a_non_regular_file(tmp_path: Path) -> None:
         assert ref.rolls_over(handler, "long line\n") is False
     finally:
         handler.close()
+
+
+# -- the credential -----------------------------------------------------------------------------------
+
+credential_values = st.lists(st.sampled_from(["k", " k ", "", " ", "Bearer k", "bearer  k", "Basic k", "Bearer", "k2",
+                                              "Bearer k2", "\tk", "k\u00a0"]), max_size=3)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.dictionaries(st.sampled_from(["authorization", "x-api-key", "host"]), credential_values, max_size=3))
+@example({"x-api-key": [" k "]})
+@example({"x-api-key": ["k"], "authorization": []})
+@example({"x-api-key": ["k"], "authorization": ["Bearer k2"]})
+def test_credential_answers_as_before(headers: dict[str, list[str]]) -> None:
+    from sidecar.errors import Unauthorized
+
+    def answer(fn: Any) -> Any:
+        try:
+            return ("ok", fn(headers))
+        except Unauthorized as exc:
+            return ("Unauthorized", str(exc))
+    assert answer(c.credential) == answer(ref.credential)
