@@ -83,14 +83,22 @@ def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) ->
         # An agent key may not create tenants (request-level `admin`): denied by Cedar, forwarded in shadow mode.
         r = httpx.post(side.url + "/api/v2/tenants", json={"name": "shadowt"}, headers={"X-API-Key": agent}, trust_env=False)
         assert r.status_code == 200, r.text
-        events = []
-        for line in side.log.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # uvicorn's own lines
-        decisions = [e for e in events if isinstance(e, dict) and e.get("event") == "decision"]
-        assert decisions and any("shadow-mode:would-deny" in json.dumps(e) for e in decisions)
+        # The decision event is written after the answer has left (sidecar/app.py): wait for this request's.
+        request_id = r.headers["x-request-id"]
+        deadline = time.monotonic() + 10
+        while True:
+            events = []
+            for line in side.log.read_text().splitlines():
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue  # uvicorn's own lines
+            decisions = [e for e in events if isinstance(e, dict) and e.get("event") == "decision"
+                         and e.get("request_id") == request_id]
+            if decisions or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert decisions and any("shadow-mode:would-deny" in json.dumps(e) for e in decisions), side.log_tail()
         assert "shadow_would_deny" in side.log.read_text()
     finally:
         side.stop()
