@@ -428,19 +428,20 @@ def test_read_timeout_is_per_read_not_per_response(Transport: Any) -> None:
     """httpx's ``read`` timeout bounds each wait for data: an answer dribbling in with pauses shorter
     than it completes, however long the whole takes; a longer pause is `httpx.ReadTimeout` (504)."""
     async def dribble(conn: int, n: int, raw: bytes) -> list[Any]:
-        pause = 0.6 if b"/slow" in raw else 0.1
+        # pauses 0.5 s clear of the 0.8 s read timeout either way (a loaded machine delays a wake-up)
+        pause = 1.6 if b"/slow" in raw else 0.3
         return [b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", pause, b"[1,", pause, b"2,", pause, b"3", 0.1, b"]"]
 
     async def main() -> None:
         async with Backend(dribble) as backend:
-            timeout = httpx.Timeout(5, read=0.4)
+            timeout = httpx.Timeout(5, read=0.8)
             async with httpx.AsyncClient(transport=Transport(), base_url=backend.url, timeout=timeout) as client:
-                assert (await client.get("/")).json() == [1, 2, 3]  # ~0.4 s in all, no pause over 0.4 s
+                assert (await client.get("/")).json() == [1, 2, 3]  # ~1.0 s in all, no pause over 0.8 s
                 with pytest.raises(httpx.ReadTimeout):
                     await client.get("/slow")
                 assert (await client.get("/")).json() == [1, 2, 3]  # the timed-out connection was dropped
             assert backend.connections == 2
-            up = Upstream(backend.url, timeout_s=0.4, max_connections=1)
+            up = Upstream(backend.url, timeout_s=0.8, max_connections=1)
             with pytest.raises(UpstreamTimeout):
                 await up.call("GET", ["slow"])
             await up.close()
