@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 import re
 import select
 import threading
-from typing import Any, AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import psycopg
 import psycopg.sql
@@ -189,6 +190,62 @@ def _read_rows_query(ids: list[Any]) -> str:
 _ROW_ID, _AGENT = 3, 1 + _N_ROW_COLUMNS
 
 
+_AUTHENTICATE = "SELECT * FROM api_keys WHERE key_id = %s"
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+_psycopg_log = logging.getLogger("psycopg")  # where ``with conn`` logs a failed rollback
+
+
+class _HotConnection(psycopg.AsyncConnection[Any]):
+    """A connection of the asynchronous pool, with the cursors the hot-path reads reuse: `rows_cursor` (binary,
+    plain tuples: `PostgresLedger.read_rows_async`) and `key_cursor` (the connection's ``dict_row``:
+    `PostgresLedger.authenticate_async`), each made on first use. A connection serves one caller at a time
+    (it is out of the pool meanwhile), and so do its cursors."""
+
+    rows_cursor: Any = None
+    key_cursor: Any = None
+
+
+class _HotSyncConnection(psycopg.Connection[Any]):
+    """`_HotConnection` for the synchronous pool (`PostgresLedger.read_rows`, `authenticate`); every other
+    method uses these connections as plain ones."""
+
+    rows_cursor: Any = None
+    key_cursor: Any = None
+
+
+def _done_sync(conn: psycopg.Connection[Any]) -> None:
+    """`_done` on a synchronous connection (``with conn`` on success)."""
+    if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+        conn.commit()
+
+
+def _failed_sync(conn: psycopg.Connection[Any]) -> None:
+    """`_failed` on a synchronous connection (``with conn`` on an exception)."""
+    if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+        try:
+            conn.rollback()
+        except Exception as exc:
+            _psycopg_log.warning("error ignored in rollback on %s: %s", conn, exc)
+
+
+async def _done(conn: psycopg.AsyncConnection[Any]) -> None:
+    """What ``async with conn`` does on success (inside ``pool.connection()``): commit, unless the connection
+    is closed; on an idle autocommit connection the commit sends nothing and is skipped."""
+    if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+        await conn.commit()
+
+
+async def _failed(conn: psycopg.AsyncConnection[Any]) -> None:
+    """What ``async with conn`` does on an exception: roll back (its own error ignored, the caller's exception
+    propagates), unless the connection is closed; on an idle connection the rollback sends nothing and is
+    skipped."""
+    if not conn.closed and conn.pgconn.transaction_status != _IDLE:
+        try:
+            await conn.rollback()
+        except Exception as exc:
+            _psycopg_log.warning("error ignored in rollback on %s: %s", conn, exc)
+
+
 def _drop_pool(pool: AsyncConnectionPool) -> None:
     """Close the connections of an asynchronous pool whose event loop is gone (best effort: a pool can
     only be closed properly from its own loop)."""
@@ -241,7 +298,7 @@ class PostgresLedger:
         self._min_size, self._max_size = min_size, max_size
         self._pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, timeout=timeout_s, open=False, check=_check_idle,
-            kwargs=self._conn_kwargs, name="memwarden-ledger",
+            kwargs=self._conn_kwargs, name="memwarden-ledger", connection_class=_HotSyncConnection,
         )
         self._apool: AsyncConnectionPool | None = None
         self._apool_loop: asyncio.AbstractEventLoop | None = None
@@ -352,7 +409,7 @@ class PostgresLedger:
         old = self._apool
         pool = AsyncConnectionPool(
             self._url, min_size=self._min_size, max_size=self._max_size, timeout=self._timeout_s, open=False,
-            check=_acheck_idle, kwargs=self._conn_kwargs, name="memwarden-ledger-async",
+            check=_acheck_idle, kwargs=self._conn_kwargs, name="memwarden-ledger-async", connection_class=_HotConnection,
         )
         self._apool, self._apool_loop = pool, loop
         await pool.open(wait=False)
@@ -365,14 +422,6 @@ class PostgresLedger:
         if pool is not None:
             await pool.close()
 
-    @asynccontextmanager
-    async def _aconn(self) -> AsyncIterator[psycopg.AsyncConnection[dict[str, Any]]]:
-        if self._apool is None or self._apool_loop is not asyncio.get_running_loop():
-            await self.open_async()
-        assert self._apool is not None
-        async with self._apool.connection() as conn:
-            yield conn
-
     async def authenticate_async(self, plaintext: str) -> Principal | None:
         """`authenticate`, one round trip on the asynchronous pool. Raises psycopg ``OperationalError``
         (``PoolTimeout`` included) when the ledger cannot answer."""
@@ -380,9 +429,22 @@ class PostgresLedger:
         if parsed is None:
             return None
         key_id, secret = parsed
-        async with self._aconn() as db:
-            cur = await db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,))
+        pool = self._apool
+        if pool is None or self._apool_loop is not asyncio.get_running_loop():
+            pool = await self._open_async_pool()
+        conn = await pool.getconn()
+        try:
+            cur = conn.key_cursor
+            if cur is None:
+                cur = conn.key_cursor = conn.cursor()
+            await cur.execute(_AUTHENTICATE, (key_id,))
             r = await cur.fetchone()
+            await _done(conn)
+        except BaseException:
+            await _failed(conn)
+            raise
+        finally:
+            await pool.putconn(conn)
         return self._check_key(r, secret)
 
     async def read_rows_async(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
@@ -390,23 +452,60 @@ class PostgresLedger:
         """In one round trip (one statement, `_READ_ROWS`): the ledger rows of `row_ids` (any status, as
         `get_rows`), the Cedar entities of their owners the ledger knows (as `agent_entities`), and
         whether the API key `key_id` exists and is not revoked now (True when `key_id` is None). Returns
-        (rows by id, owners by agent uid, key valid). Raises psycopg ``OperationalError`` as above."""
+        (rows by id, owners by agent uid, key valid). Raises psycopg ``OperationalError`` as above.
+
+        The connection is taken from and given back to the pool directly (``getconn``/``putconn``, what
+        ``pool.connection()`` does around ``async with conn``, whose commit or rollback is a no-op on an
+        idle autocommit connection and is made here only when the connection is not idle: `_done`,
+        `_failed`), and the statement runs on the connection's own binary tuple cursor
+        (`_HotConnection.rows_cursor`, made on first use): the same statement, parameters and rows as a new
+        cursor per call (`tests/unit/test_ledger_pg_hot.py`), without building a cursor and its adapters
+        each time."""
         ids = list(dict.fromkeys(row_ids))
-        async with self._aconn() as db:
-            cur = db.cursor(row_factory=tuple_row, binary=True)
+        pool = self._apool
+        if pool is None or self._apool_loop is not asyncio.get_running_loop():
+            pool = await self._open_async_pool()
+        conn = await pool.getconn()
+        try:
+            cur = conn.rows_cursor
+            if cur is None:
+                cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
             await cur.execute(_read_rows_query(ids), {"key": key_id, "backend": backend, "collection": collection_id,
                                                       "ids": ids})
             result = await cur.fetchall()
+            await _done(conn)
+        except BaseException:
+            await _failed(conn)
+            raise
+        finally:
+            await pool.putconn(conn)
         return self._read_rows_result(result, key_id)
+
+    async def _open_async_pool(self) -> AsyncConnectionPool:
+        await self.open_async()
+        assert self._apool is not None
+        return self._apool
 
     def read_rows(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
                   ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
-        """`read_rows_async` on the synchronous pool (the same one statement)."""
+        """`read_rows_async` on the synchronous pool (the same one statement), the connection taken and given back
+        directly with the connection's own binary tuple cursor, as there (`_HotSyncConnection`, `_done_sync`,
+        `_failed_sync`)."""
         ids = list(dict.fromkeys(row_ids))
-        with self._conn() as db:
-            result = db.cursor(row_factory=tuple_row, binary=True).execute(
-                _read_rows_query(ids), {"key": key_id, "backend": backend, "collection": collection_id,
-                                        "ids": ids}).fetchall()
+        pool = self._pool
+        conn = pool.getconn()
+        try:
+            cur = conn.rows_cursor
+            if cur is None:
+                cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
+            result = cur.execute(_read_rows_query(ids), {"key": key_id, "backend": backend, "collection": collection_id,
+                                                         "ids": ids}).fetchall()
+            _done_sync(conn)
+        except BaseException:
+            _failed_sync(conn)
+            raise
+        finally:
+            pool.putconn(conn)
         return self._read_rows_result(result, key_id)
 
     @staticmethod
@@ -477,8 +576,19 @@ class PostgresLedger:
         if parsed is None:
             return None
         key_id, secret = parsed
-        with self._conn() as db:
-            r = db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,)).fetchone()
+        pool = self._pool
+        conn = pool.getconn()
+        try:
+            cur = conn.key_cursor
+            if cur is None:
+                cur = conn.key_cursor = conn.cursor()
+            r = cur.execute(_AUTHENTICATE, (key_id,)).fetchone()
+            _done_sync(conn)
+        except BaseException:
+            _failed_sync(conn)
+            raise
+        finally:
+            pool.putconn(conn)
         return self._check_key(r, secret)
 
     def _check_key(self, r: dict[str, Any] | None, secret: str) -> Principal | None:
@@ -794,23 +904,33 @@ class PostgresLedger:
 
 class _Listener(threading.Thread):
     """A daemon thread holding one connection that LISTENs on the ledger's invalidation channel; counts
-    notifications (and reconnections) into `version`, which is None while the connection is down."""
+    notifications (and reconnections) into `version`, which is None while the connection is down.
+
+    `version` runs on every cache lookup. It asks the kernel whether the listening socket has data, EOF or an
+    error not yet read (then None: a notification may be waiting) through one ``epoll`` set made per
+    connection with the socket in it (``epoll_wait`` with a zero timeout, safe from several threads at once),
+    instead of a new ``poll`` object registered on each call; `_poller` is dropped before the connection is
+    closed, so a closed (or reused) descriptor is never asked. Where ``select.epoll`` is missing, `_readable`
+    (``poll``) on the descriptor, as before."""
 
     def __init__(self, url: str, channel: str, timeout_s: float) -> None:
         super().__init__(name=f"memwarden-ledger-listen-{channel}", daemon=True)
         self._url, self._channel, self._timeout_s = url, channel, timeout_s
         self._count = 0
         self._fd: int | None = None
+        self._poller: Any = None  # select.epoll holding the listening socket; None while the connection is down
         self._stopped = threading.Event()
 
     def version(self) -> int | None:
-        fd = self._fd
-        if fd is None:
+        poller = self._poller
+        if poller is None:
             return None
         try:
-            if _readable(fd):  # a notification (or EOF) not yet read: no cache now
+            if poller.poll(0):  # a notification (or EOF, an error) not yet read: no cache now
                 return None
         except (OSError, ValueError):
+            return None
+        if self._poller is not poller:  # the connection went down meanwhile
             return None
         return self._count
 
@@ -823,13 +943,42 @@ class _Listener(threading.Thread):
                 with psycopg.connect(self._url, autocommit=True, connect_timeout=max(1, int(self._timeout_s))) as conn:
                     conn.execute(f'LISTEN "{self._channel}"')  # type: ignore[arg-type]
                     self._count += 1  # whatever happened while we were not listening
-                    self._fd = conn.fileno()
-                    while not self._stopped.is_set():
-                        for _ in conn.notifies(timeout=1.0):
-                            self._count += 1
-                        conn.execute("SELECT 1")  # a dead connection raises here
+                    try:
+                        self._fd = conn.fileno()
+                        self._poller = _socket_poller(self._fd)
+                        while not self._stopped.is_set():
+                            for _ in conn.notifies(timeout=1.0):
+                                self._count += 1
+                            conn.execute("SELECT 1")  # a dead connection raises here
+                    finally:
+                        self._poller = None  # before the connection (and its descriptor) is closed
+                        self._fd = None
             except Exception:
                 pass
             finally:
+                self._poller = None
                 self._fd = None
             self._stopped.wait(1.0)
+
+
+class _PollFd:
+    """`_socket_poller` without ``select.epoll``: `_readable` on the descriptor, as a ``poll(0)`` method."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def poll(self, timeout: float) -> bool:
+        return _readable(self.fd)
+
+
+def _socket_poller(fd: int) -> Any:
+    """An object whose ``poll(0)`` is truthy when `fd` has data, EOF or an error pending (``EPOLLIN``,
+    ``EPOLLPRI``; ``EPOLLERR`` and ``EPOLLHUP`` are always reported), as `_readable`."""
+    epoll = getattr(select, "epoll", None)
+    if epoll is None:
+        return _PollFd(fd)
+    poller = epoll()
+    poller.register(fd, select.EPOLLIN | select.EPOLLPRI)
+    return poller

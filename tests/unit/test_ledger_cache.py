@@ -115,7 +115,7 @@ def test_postgres_notifications_drop_the_caches_and_keys_are_never_cached(pg_url
         other.register_collection(collection("c2"))
         settle(raw)
         assert raw._listener is not None
-        raw._listener._fd = None
+        raw._listener._poller = raw._listener._fd = None  # as the listener does when its connection drops
         misses = cached.misses
         assert cached.get_collection("chroma", "c2") is not None and cached.get_collection("chroma", "c2") is not None
         assert cached.misses == misses  # neither counted as a cache lookup: both went to PostgreSQL
