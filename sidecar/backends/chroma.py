@@ -38,7 +38,7 @@ from sidecar.planner import QueryPlanner
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
-from sidecar.stages.canonicalize import check_filter_size, well_formed
+from sidecar.stages.canonicalize import check_filter_size, nests_within, well_formed
 from sidecar.stages.forward import Upstream
 
 BACKEND = "chroma"
@@ -879,29 +879,32 @@ class ChromaProfile:
         readable by the caller (`Provenance.links`)."""
         self.prov.decorate(ex, rec.collection_id, rows, id_key="ids", meta_key="metadatas")
 
-    def _rows(self, ex: Exchange, resp: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    def _rows(self, ex: Exchange, resp: dict[str, Any], n: int, exact: bool = False) -> list[dict[str, Any]]:
         """`_columns_to_rows`, without the rows whose shape cannot be served (`well_formed_rows`).
 
         When every id is a non-empty ``str`` and the row columns as a whole are `well_formed` one level
         deeper (a row holds the columns' items one level up: a column passes exactly when each of its
-        items passes in its row), every row is, and none is checked on its own; otherwise each row is."""
+        items passes in its row), every row is, and none is checked on its own; otherwise each row is.
+        `exact`: `resp` is (made of) values orjson decoded (`Upstream.call`'s ``exact``), for which
+        `well_formed` is `nests_within`: only the nesting is checked."""
         depth = self.settings.max_json_depth + 1
         cols = _columns(resp, n)
         rows = _rows_of(cols, n)
         ids = cols.get("ids")
-        if ids is not None and all(type(i) is str and i for i in ids) and well_formed(cols, depth + 1):
+        if ids is not None and all(type(i) is str and i for i in ids) and (
+                nests_within(cols, depth + 1) if exact else well_formed(cols, depth + 1)):
             return rows
         return well_formed_rows(ex, BACKEND, rows, lambda r: r.get("ids"), depth)
 
-    def _query_rows(self, ex: Exchange, resp: dict[str, Any], m: int) -> list[list[dict[str, Any]]]:
+    def _query_rows(self, ex: Exchange, resp: dict[str, Any], m: int, exact: bool = False) -> list[list[dict[str, Any]]]:
         """Per query embedding of a Chroma query answer for `m` of them (``resp["ids"]``: `m` lists), its
-        ranked rows (`_rows`): query ``j`` holds item ``j`` of every column that is a list of `m` lists
-        (``included`` aside), keyed in the answer's order; an item that is not a list leaves the column out."""
+        ranked rows (`_rows`, `exact` as there): query ``j`` holds item ``j`` of every column that is a list of
+        `m` lists (``included`` aside), keyed in the answer's order; an item that is not a list leaves the column out."""
         cols = [(key, v) for key, v in resp.items() if isinstance(v, list) and key != "included" and len(v) == m]
         out: list[list[dict[str, Any]]] = []
         for j in range(m):
             sub = {key: v[j] for key, v in cols}  # an item that is not a list is no column of `_rows`
-            out.append(self._rows(ex, sub, len(resp["ids"][j])))
+            out.append(self._rows(ex, sub, len(resp["ids"][j]), exact))
         return out
 
     def _check_filters(self, body: dict[str, Any]) -> None:
@@ -938,12 +941,14 @@ class ChromaProfile:
                                        "limit": page, "offset": backend_offset}
                 if include is not None:
                     req["include"] = include
-                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True)
+                exact: list[bool] = []
+                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True,
+                                                exact=exact)
                 if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                     raise UpstreamError("unexpected backend answer")
                 included = resp.get("included", included)
                 fetched = len(resp["ids"])
-                batch = self._rows(ex, resp, fetched)
+                batch = self._rows(ex, resp, fetched, exact == [True])
                 batch_ids = [r["ids"] for r in batch]
                 if early is not None:  # the rows of every id asked (a superset of the batch), read by now
                     task, early = early, None
@@ -1052,12 +1057,14 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": first_where, "ids": ids}
-            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req, idempotent=True)
+            exact: list[bool] = []
+            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req, idempotent=True,
+                                            exact=exact)
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending) \
                     or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
-            per_query = self._query_rows(ex, resp, len(pending))
+            per_query = self._query_rows(ex, resp, len(pending), exact == [True])
             # `Authorizer.prefetched` written out (no async context manager per fetch on the hot path)
             await self.authz.prefetch(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
                                       [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]])

@@ -535,6 +535,33 @@ def well_formed(value: Any, max_depth: int) -> bool:
     return _valid_tree(value, max_depth)
 
 
+def nests_within(value: Any, max_depth: int) -> bool:
+    """`well_formed(value, max_depth)` of a value orjson decoded (`sidecar.stages.forward.decode_exact`: only
+    orjson's exact types, finite floats, no lone surrogate in a string or key), where only the nesting is
+    left to check: whether no array or object is nested deeper than `max_depth` levels (the outermost is
+    level 1). Walks the containers level by level; a list of more than 8 items that holds no container is
+    skipped in C (``map(type)``), its scalars never visited one by one."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            return False
+        nested: list[Any] = []
+        for item in level:
+            children = item.values() if type(item) is dict else item
+            if len(item) > 8:
+                types = set(map(type, children))
+                if dict not in types and list not in types:
+                    continue
+            for child in children:
+                t = type(child)
+                if t is dict or t is list:
+                    nested.append(child)
+        level = nested
+    return True
+
+
 def check_filter_size(value: Any, name: str, limit: int) -> None:
     """At most `limit` conditions and operators (object keys) in a filter such as Chroma's ``where`` or
     Mem0's ``filters``. Raises `BadRequest` naming the filter and the limit."""

@@ -95,10 +95,19 @@ def encode(value: Any) -> bytes:
 def decode(content: bytes) -> Any:
     """The JSON value of a backend body (orjson; the standard library for what orjson refuses).
     Raises ValueError or RecursionError when it is not JSON."""
+    return decode_exact(content)[0]
+
+
+def decode_exact(content: bytes) -> tuple[Any, bool]:
+    """(`decode(content)`, whether orjson decoded it). A value orjson decoded holds only its exact types
+    (dict with str keys, list, str, int, float, bool, None), finite floats, and strings and keys that are
+    Unicode scalar values (it refuses NaN, infinities, ``1e999`` and lone surrogates, escaped or not), so
+    of `sidecar.stages.canonicalize.well_formed`'s rules only the nesting depth is left to check
+    (`sidecar.stages.canonicalize.nests_within`). Raises what `decode` raises."""
     try:
-        return orjson.loads(content)
+        return orjson.loads(content), True
     except orjson.JSONDecodeError:
-        return json.loads(content)
+        return json.loads(content), False
 
 
 class Upstream:
@@ -158,10 +167,13 @@ class Upstream:
         await self._transport.aclose()
 
     async def call(self, method: str, segments: list[str], *, json_body: Any = None,
-                   params: dict[str, str] | None = None, idempotent: bool = False) -> Any:
+                   params: dict[str, str] | None = None, idempotent: bool = False,
+                   exact: list[bool] | None = None) -> Any:
         """Send one request; `segments` are re-encoded (RFC 3986 unreserved kept) into the path.
         `idempotent`: the request changes nothing in the backend (a read-only POST), so the transport
         may send it again on a fresh connection when a pooled one turns out closed by the backend.
+        `exact`: a list to which, once the answer is decoded, whether orjson decoded it is appended
+        (`decode_exact`; nothing is appended when the call raises or the body is empty).
 
         Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `UpstreamError` or
         `BackendClientError` (status and the backend's error text).
@@ -204,7 +216,7 @@ class Upstream:
         if status >= 500:
             raise UpstreamError(f"backend answered {status}")
         try:
-            payload = decode(body) if body else None
+            payload, by_orjson = decode_exact(body) if body else (None, False)
         except (ValueError, RecursionError) as exc:
             raise UpstreamError("backend answered a non-JSON body") from exc
         if 400 <= status < 500:
@@ -214,4 +226,6 @@ class Upstream:
             raise BackendClientError(status, message)
         if status >= 300:
             raise UpstreamError(f"backend answered {status}")
+        if exact is not None and body:
+            exact.append(by_orjson)
         return payload

@@ -116,7 +116,7 @@ def test_query_answer_path_agrees_with_the_reference(case: tuple[dict[str, Any],
                                                      include: Any, included: Any) -> None:
     resp, m = case
     profile = SimpleNamespace(settings=SimpleNamespace(max_json_depth=MAX_DEPTH))
-    profile._rows = lambda ex, sub, n: ChromaProfile._rows(profile, ex, sub, n)  # type: ignore[arg-type]
+    profile._rows = lambda ex, sub, n, exact=False: ChromaProfile._rows(profile, ex, sub, n, exact)  # type: ignore[arg-type]
     out: dict[str, Any] = {}
     for side in ("new", "old"):
         ex = Exchange("POST", "/", request_id="r")
