@@ -25,7 +25,7 @@ from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
-from sidecar.ledger.cache import request_scope
+from sidecar.ledger.cache import _SCOPE, RequestScope
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
@@ -59,7 +59,13 @@ class Pipeline:
         event is not emitted here: the caller emits it with `record` once the answer is sent."""
         ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
         try:
-            status, body = await self._stages(ex, scope, receive)
+            # The stages in one ledger request scope (`sidecar.ledger.cache.request_scope`: the caches' token read
+            # once per request), entered and left here as that context manager does, without its generator.
+            scope_token = _SCOPE.set(RequestScope())
+            try:
+                status, body = await self._run_stages(ex, scope, receive)
+            finally:
+                _SCOPE.reset(scope_token)
             # A 2xx whose handler recorded a denial (a delete of which no row was permitted) stays a deny.
             if ex.decision == "deny":
                 ex.reason = ex.reason or "not_permitted"
@@ -83,12 +89,8 @@ class Pipeline:
         decisionlog.record(ex, status, policy_sha256=(ex.policy_set or policy.current).sha256,
                            mode="shadow" if policy.shadow else "enforce")
 
-    async def _stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
-        """The stages of one request, in one ledger `request_scope` (the caches' token read once per request)."""
-        with request_scope():
-            return await self._run_stages(ex, scope, receive)
-
     async def _run_stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
+        """The stages of one request (`run` enters its ledger request scope)."""
         # 1. canonicalize (target form, path, query, headers; body read under the size and time limits)
         started = time.monotonic()
         canonicalize.check_target(((scope.get("extensions") or {}).get("memwarden") or {}).get("target"))

@@ -49,9 +49,13 @@ class _StaleConnection(Exception):
 
 
 class _Parsed:
-    """httptools callbacks collecting one response."""
+    """httptools callbacks collecting one response. One per connection with its parser (`_Connection.spare`),
+    `reset` for each exchange while the parser stands at a message boundary: the two refer to each other (the
+    parser holds the bound callbacks), so one made per exchange was a reference cycle per request, freed only
+    by the cyclic garbage collector."""
 
-    __slots__ = ("parser", "headers", "body", "size", "cap", "headers_done", "complete", "too_large", "keep_alive")
+    __slots__ = ("parser", "headers", "body", "size", "cap", "headers_done", "complete", "too_large", "keep_alive",
+                 "begun")
 
     def __init__(self, cap: int) -> None:
         self.parser: Any = None
@@ -63,6 +67,17 @@ class _Parsed:
         self.headers_done = False
         self.complete = False
         self.too_large = False
+        self.begun = 0  # messages the parser began in this exchange (a second one: bytes after the answer)
+
+    def reset(self) -> None:
+        """The state of a new `_Parsed` (new lists: the last exchange's headers went to its caller)."""
+        self.keep_alive = self.headers_done = self.complete = self.too_large = False
+        self.headers = []
+        self.body = []
+        self.size = self.begun = 0
+
+    def on_message_begin(self) -> None:
+        self.begun += 1
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
@@ -101,7 +116,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("loop", "transport", "idle_since", "used", "eof", "lost", "lost_exc", "dirty", "write_paused",
                  "drain_waiter", "parsed", "parser", "head_only", "reused", "received", "waiter", "outcome",
-                 "last_data", "read_timeout", "timer", "timer_at")
+                 "last_data", "read_timeout", "timer", "timer_at", "spare")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -121,6 +136,9 @@ class _Connection(asyncio.Protocol):
         self.read_timeout: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
+        # The `_Parsed` (and its parser) of the last exchange when that parser stands where a new one starts:
+        # it parsed exactly one message, to its end, with keep-alive, and the connection went back to the pool.
+        self.spare: _Parsed | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -417,8 +435,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
     async def _exchange(self, request: httpx.Request | None, method: str, conn: _Connection, head: bytes, body: bytes,
                         timeouts: dict[str, float | None]) -> tuple[tuple[int, list[tuple[bytes, bytes]], bytes], bool]:
         reused, conn.used = conn.used, True
-        parsed = _Parsed(self._cap)
-        parser = conn.parser = parsed.parser = httptools.HttpResponseParser(parsed)
+        parsed = conn.spare
+        if parsed is None:
+            parsed = _Parsed(self._cap)
+            parsed.parser = httptools.HttpResponseParser(parsed)
+        else:  # the last exchange's parser, at a message boundary: as a new one would start
+            conn.spare = None
+            parsed.reset()
+        parser = conn.parser = parsed.parser
         conn.parsed, conn.head_only, conn.reused, conn.received, conn.outcome = parsed, method == "HEAD", reused, 0, None
         waiter = conn.waiter = conn.loop.create_future()
         transport = conn.transport
@@ -459,8 +483,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
             if kind == "parse":
                 raise httpx.RemoteProtocolError(f"the backend's answer is not HTTP/1.1: {exc}", request=request) from exc
             raise httpx.ReadError(f"backend read failed: {exc}", request=request) from exc
-        keep = parsed.complete and parsed.keep_alive and not conn.dirty
-        return (parser.get_status_code(), parsed.headers, b"".join(parsed.body)), keep and _framed(parsed.headers)
+        headers = parsed.headers
+        keep = parsed.complete and parsed.keep_alive and not conn.dirty and _framed(headers)
+        answer = (parser.get_status_code(), headers, b"".join(parsed.body))
+        if keep and parsed.begun == 1:  # one message, parsed to its end: the parser is where a new one starts
+            parsed.headers = parsed.body = None  # type: ignore[assignment]  # an idle connection holds no answer
+            conn.spare = parsed
+        return answer, keep
 
 
 def _framed(headers: list[tuple[bytes, bytes]]) -> bool:

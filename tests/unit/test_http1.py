@@ -743,3 +743,124 @@ def test_a_slot_handed_to_a_request_cancelled_before_it_resumes_is_passed_on() -
             await third
         assert transport._free == 1 and not transport._waiters
     run(main())
+
+
+class _FreshParserTransport(Http1Transport):
+    """`Http1Transport` as it was before the parser was kept per connection (h24s): a new `_Parsed` and
+    httptools parser for every exchange (the kept one is dropped before each)."""
+
+    async def _exchange(self, request: Any, method: str, conn: Any, *args: Any) -> Any:
+        conn.spare = None
+        return await super()._exchange(request, method, conn, *args)
+
+
+_SECOND = b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\nx-second: 1\r\n\r\n[12]"
+# (name, answer bytes or None to close without answering, whether it may be cut into pieces): answers to GET/POST
+_ANSWERS: list[tuple[str, bytes | None, bool]] = [
+    ("ok", ok(), True),
+    ("ok-big", ok(b'{"v":"' + b"x" * 3000 + b'"}'), True),
+    ("chunked", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=1\r\nde\r\n0\r\nt: 1\r\n\r\n", True),
+    ("204", b"HTTP/1.1 204 No Content\r\nx-a: 1\r\n\r\n", True),
+    ("close", b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}" + CLOSE, True),
+    ("http10", b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}" + CLOSE, True),
+    ("http10-keep", b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n{}", True),
+    ("eof-body", b"HTTP/1.1 200 OK\r\n\r\n[1,2]" + CLOSE, True),
+    ("404", b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nnot found", True),
+    ("extra-whole", ok() + _SECOND, False),  # a second, unrequested answer in the same segment
+    ("extra-part", ok() + b"HTTP/1.1 200 OK\r\ncontent-le", False),  # and the start of one
+    ("extra-junk", ok() + b"junk", False),
+    ("continue", b"HTTP/1.1 100 Continue\r\n\r\n" + ok(), False),
+    ("garbage", b"NOT HTTP AT ALL\r\n\r\n", False),
+    ("truncated", b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}" + CLOSE, False),
+    ("none", None, False),
+]
+# answers to HEAD: headers only, whatever their Content-Length says
+_HEAD_ANSWERS: list[tuple[str, bytes | None, bool]] = [
+    ("head", b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n", True),
+    ("head-0", b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", True),
+    ("head-204", b"HTTP/1.1 204 No Content\r\n\r\n", True),
+    ("head-close", b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 5\r\n\r\n" + CLOSE, True),
+    ("none", None, False),
+]
+
+
+@st.composite
+def _exchanges(draw: Any) -> list[tuple[str, bytes | None, list[int]]]:
+    """A sequence of (method, answer, cut points): each answer cut into pieces at the cut points (when it may be)."""
+    out = []
+    for _ in range(draw(st.integers(1, 8))):
+        method = draw(st.sampled_from(["GET", "POST", "HEAD"]))
+        _, answer, cuttable = draw(st.sampled_from(_HEAD_ANSWERS if method == "HEAD" else _ANSWERS))
+        cuts: list[int] = []
+        if cuttable and answer is not None:
+            size = len(answer.removesuffix(CLOSE))
+            cuts = sorted(set(draw(st.lists(st.integers(1, max(1, size - 1)), max_size=2))))
+        out.append((method, answer, cuts))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=_exchanges())
+def test_kept_parser_answers_as_a_fresh_parser_per_exchange(plan: list[tuple[str, bytes | None, list[int]]]) -> None:
+    """The parser kept per connection (reset for each exchange when it stands at a message boundary) gives
+    every request the answer — status, raw headers, body — or the error a new parser per exchange gives,
+    on the same connections (the backend counts them and the requests, retries included), for every
+    sequence of answers: framed by length or chunks, empty, HTTP/1.0, closing, delimited by the end of the
+    connection, followed by bytes nobody asked for (a whole answer, part of one, junk), informational,
+    garbage, truncated, none; HEAD answers with a length and no body; each answer cut into pieces that
+    arrive apart. Against the transport before the change and the pre-h19u reference."""
+    async def outcomes(transport_cls: Any) -> list[Any]:
+        answers = [a for _, a, _ in plan]
+        cuts = [c for _, _, c in plan]
+        served = [0]
+
+        async def scripted(conn: int, n: int, raw: bytes) -> Any:
+            i = served[0]
+            served[0] += 1
+            if i >= len(answers) or answers[i] is None:
+                return None
+            answer = answers[i]
+            closing = answer.endswith(CLOSE)  # type: ignore[union-attr]
+            data = answer.removesuffix(CLOSE)  # type: ignore[union-attr]
+            pieces: list[Any] = []
+            last = 0
+            for cut in cuts[i]:
+                pieces += [data[last:cut], 0.005]
+                last = cut
+            pieces.append(data[last:] + (CLOSE if closing else b""))
+            return pieces
+
+        seen: list[Any] = []
+        async with Backend(scripted) as backend:
+            async with httpx.AsyncClient(transport=transport_cls(), base_url=backend.url, timeout=5.0) as client:
+                for method, _, _ in plan:
+                    try:
+                        r = await client.request(method, "/x", content=b'{"a":1}' if method == "POST" else None)
+                        seen.append((r.status_code, r.headers.raw, r.content))
+                    except httpx.HTTPError as exc:
+                        seen.append(type(exc).__name__)
+            seen.append((backend.connections, len(backend.requests)))
+        return seen
+
+    new = run(outcomes(Http1Transport))
+    assert new == run(outcomes(_FreshParserTransport))
+    assert new == run(outcomes(http1_reference.Http1Transport))
+
+
+def test_an_idle_connection_holds_no_answer() -> None:
+    """The parser kept by a pooled connection holds nothing of the last answer (its body could be large), and
+    the next exchange on it starts from empty headers and body."""
+    async def big(conn: int, n: int, raw: bytes) -> bytes:
+        return ok(b'"' + b"y" * 100_000 + b'"') if n == 0 else ok()
+
+    async def main() -> None:
+        async with Backend(big) as backend:
+            transport = Http1Transport()
+            async with httpx.AsyncClient(transport=transport, base_url=backend.url) as client:
+                assert len((await client.get("/")).content) == 100_002
+                spare = transport._idle[0].spare
+                assert spare is not None and spare.body is None and spare.headers is None
+                assert (await client.get("/")).json() == {"ok": True}
+                assert transport._idle[0].spare is spare and spare.body is None
+            assert backend.connections == 1
+    run(main())
