@@ -70,11 +70,12 @@ def reference_bytes(value: Any) -> bytes:
 def _same_form(value: Any) -> bool:
     """For a value orjson wrote: True when every node is an exact ``dict``, ``list``, ``tuple``, ``str``,
     ``int``, ``bool``, ``None`` or a float that is 0 or finite of magnitude at least 1e-4 (dict keys are not
-    looked at: orjson wrote them, so they are ``str``). A container whose children are all of the scalar
-    types of `_PLAIN` is checked in one pass over their types, the others child by child."""
+    looked at: orjson wrote them, so they are ``str``). A container of more than `_SHORT` children all of the
+    scalar types of `_PLAIN` is checked in one pass over their types (``frozenset.issuperset`` of an iterator
+    builds a set: dearer than looking at a few children); the others, and every short one, child by child."""
     stack: list[Any] = [(value,)]
     pop, push = stack.pop, stack.append
-    small, big, plain = _SMALL, _MAX, _PLAIN.issuperset
+    small, big, plain, short = _SMALL, _MAX, _PLAIN.issuperset, _SHORT
     while stack:
         for child in pop():
             t = type(child)
@@ -86,14 +87,17 @@ def _same_form(value: Any) -> bool:
                     return False
             elif t is dict:
                 values = child.values()
-                if not plain(map(type, values)):
+                if len(values) <= short or not plain(map(type, values)):
                     push(values)
             elif t is list or t is tuple:
-                if not plain(map(type, child)):
+                if len(child) <= short or not plain(map(type, child)):
                     push(child)
             else:  # enum members, UUIDs, orjson fragments: orjson writes them, the standard library may not
                 return False
     return True
+
+
+_SHORT = 8  # `_same_form`: containers of at most this many children are walked child by child
 
 
 def _escaped(exc: UnicodeError) -> tuple[str, int]:

@@ -43,9 +43,13 @@ import structlog
 
 from sidecar import logsinks
 from sidecar.exchange import Exchange
+from sidecar.governance import Principal
 
 _configured = False
 _write: Callable[[dict[str, Any]], None] | None = None  # the decision event's writer, set by `configure`
+# `recorder`'s function for `_write` (set with it by `configure`), used by `record` while `_write` is that writer.
+_record: Callable[[Exchange, int, str | None, str], None] | None = None
+_record_of: Any = None
 
 
 def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> str:
@@ -158,7 +162,7 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
     """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields.
     Decision events (level info) are written through the same processors to the same sink by `writer`, or
     not at all when `level` is above info."""
-    global _configured, _write
+    global _configured, _write, _record, _record_of
     if _configured:
         return
     chain = processors(mask)
@@ -173,7 +177,12 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
     _configured = True
     # The decision event, once per request, skips structlog's bound logger (whose filter would drop it
     # below `min_level`); every other event goes through structlog.
-    _write = writer(chain, factory("memwarden.decision")) if logging.INFO >= min_level else (lambda fields: None)
+    if logging.INFO >= min_level:
+        sink_logger = factory("memwarden.decision")
+        _write = writer(chain, sink_logger)
+        _record, _record_of = recorder(chain, sink_logger, _write), _write
+    else:
+        _write = lambda fields: None  # noqa: E731
 
 
 def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: str = "enforce") -> dict[str, Any]:
@@ -215,8 +224,94 @@ def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: st
 def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
     """Emit the decision event for a finished exchange (fields: module docstring): through `writer` once
     `configure` ran, else through structlog's default configuration."""
+    if _write is _record_of and _record is not None:
+        _record(ex, status, policy_sha256, mode)
+        return
     event = fields(ex, status, policy_sha256, mode)
     if _write is not None:
         _write(event)
     else:
         structlog.get_logger("memwarden.decision").info("decision", **event)
+
+
+STATIC_SIZE = 4096  # `recorder`: JSON runs of the request-level fields kept (cleared when full)
+_STATIC_KEYS = ("principal", "key_id", "method", "operation", "action", "resource", "decision", "reason", "status",
+                "mode", "policy_sha256")
+
+
+def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None] | None = None
+             ) -> Callable[[Exchange, int, str | None, str], None]:
+    """A function writing the decision event of (exchange, status, policy_sha256, mode) to `sink` through
+    `chain`: ``write(fields(...))`` (`write`: ``writer(chain, sink)`` unless given), the same line.
+
+    For the default chain without masking (`_fused`'s shape, no `MaskFields`) the line is written without
+    the event dict of `fields`: orjson writes a dict as ``{`` + its items' JSON joined by ``,`` + ``}``, each
+    item ``"key":`` + the value's own JSON, so the line is put together from three orjson calls with the
+    same options and ``default`` — the request id, then the run of the request-level fields from
+    ``principal`` to ``policy_sha256`` (the same for every request of a caller, route and outcome: kept per
+    their values, when each is an exact ``str`` or None and the status an exact ``int``, and looked up only
+    for an exact ``int`` status, so equal values mean the same JSON), then a dict of the rest (``policies`` .. ``stripped_headers``, ``event``, ``level``,
+    ``timestamp``) without its opening brace. If orjson refuses any part, the event is written by `write` as
+    before (the standard library encoder's line of the whole event)."""
+    if write is None:
+        write = writer(chain, sink)
+    fused = len(chain) == 3 and _fused(chain, sink) is not None
+    if not fused:
+        def record_slow(ex: Exchange, status: int, policy_sha256: str | None, mode: str) -> None:
+            write(fields(ex, status, policy_sha256, mode))
+        return record_slow
+    default = chain[-1]._dumps_kw["default"]
+    at, now, info = chain[1].at, time.time_ns, sink.info
+    encode, option = orjson.dumps, orjson.OPT_NON_STR_KEYS
+    static: dict[tuple[Any, ...], bytes] = {}
+    size = STATIC_SIZE
+
+    def record_fast(ex: Exchange, status: int, policy_sha256: str | None, mode: str) -> None:
+        principal = ex.principal
+        try:
+            # The uid determines `describe()` (``"<type>::<id>"``); a principal of another type: described.
+            who = principal.uid if type(principal) is Principal else (principal.describe() if principal else None)
+            key = (who, ex.key_id, ex.method, ex.operation, ex.action, ex.resource, ex.decision, ex.reason, status,
+                   mode, policy_sha256)
+            # Only an exact ``int`` status is looked up: 200, 200.0 and True == 1 are equal keys of other JSON (a
+            # kept run's other values are exact ``str`` or None, equal to no value of another type).
+            run = static.get(key) if type(status) is int else None
+            if run is None:
+                run = encode(dict(zip(_STATIC_KEYS, (
+                    principal.describe() if principal else None, *key[1:]))), default=default, option=option)[1:-1]
+                if type(status) is int and all(v is None or type(v) is str for v in key[1:8]) \
+                        and type(mode) is str and (policy_sha256 is None or type(policy_sha256) is str) \
+                        and (who is None or type(who) is str
+                             or (type(who) is tuple and len(who) == 2 and type(who[0]) is str and type(who[1]) is str)):
+                    if len(static) >= size:
+                        static.clear()
+                    static[key] = run
+            deny_policies = ex.deny_policies
+            rest: dict[str, Any] = {
+                "policies": sorted(ex.policies),
+                "deny_policies": sorted(deny_policies) if deny_policies else None,
+                "evaluation_errors": ex.evaluation_errors or None,
+                "rows_allowed": ex.rows_allowed,
+                "rows_denied": ex.rows_denied,
+                "rows_hidden_superseded": ex.rows_hidden_superseded,
+                "rows_hidden_deleted": ex.rows_hidden_deleted,
+                "rows_unknown": ex.rows_unknown,
+                "row_deny_reasons": ex.row_deny_reasons or None,
+                "row_ids": ex.row_ids[:20],
+            }
+            if mode == "shadow":
+                rest["would_deny"] = ex.would_deny
+                rest["would_deny_reasons"] = ex.would_deny_reasons or None
+                rest["would_deny_row_ids"] = ex.would_deny_row_ids or None
+            rest["latency_us"] = ex.elapsed_us()
+            rest["stripped_headers"] = ex.stripped_headers or None
+            rest["event"] = "decision"
+            rest["level"] = "info"
+            rest["timestamp"] = at(now())
+            line = b"".join((b'{"request_id":', encode(ex.request_id, default=default, option=option), b",", run, b",",
+                             encode(rest, default=default, option=option)[1:])).decode()
+        except (TypeError, orjson.JSONEncodeError):  # orjson refused a part: the whole event as before
+            write(fields(ex, status, policy_sha256, mode))
+            return
+        info(line)
+    return record_fast

@@ -96,6 +96,7 @@ class Metrics:
         self._rows_by_result: dict[str, Any] = {}
         self._requests_by_labels: dict[tuple[Any, Any, Any, Any], Any] = {}
         self._cedar_by_labels: dict[tuple[str, bool], Any] = {}
+        self._allowed_value: Any = None  # the value object of the bound rows_total{result="allowed"} child
         self._one_values: dict[tuple[str, bool], tuple[Any, ...]] = {}  # `observe_cedar_one`, by (action, allowed)
         # The value objects of the label-less histograms observed once per request (`_histogram_values`).
         self._duration_values = _histogram_values(self.request_duration)
@@ -119,7 +120,16 @@ class Metrics:
             count.inc(1)  # Counter.inc(1) of the bound child
         # The row counts by result, in this order; most are 0 (a request counts nothing for them).
         if n := ex.rows_allowed:
-            self._row_child("allowed").inc(n)
+            allowed = self._allowed_value
+            if allowed is None or n < 0:  # not yet bound (or a negative count, refused by the child's own inc)
+                child = self._row_child("allowed")
+                allowed = self._allowed_value = _counter_value(child)
+                if allowed is None or n < 0:
+                    child.inc(n)
+                else:
+                    allowed.inc(n)
+            else:
+                allowed.inc(n)  # Counter.inc(n) of the bound ("allowed") child
         if n := ex.rows_denied:
             self._row_child("denied").inc(n)
         if n := ex.rows_hidden_superseded:

@@ -82,6 +82,9 @@ class Authorizer:
         self._recheck_capable: tuple[Any, bool] | None = None
         # (ledger, whether it has ``read_rows``: PostgreSQL), found once per ledger object for the same reason.
         self._read_rows_capable: tuple[Any, bool] | None = None
+        # The last principal `require_keyed` hashed (a frozen `Principal`: it hashes again), so a caller's
+        # repeated decisions hash it once in the memo look-up, not twice per decision.
+        self._hashable: Any = None
 
     def _has_read_rows(self) -> bool:
         """Whether the ledger reads rows, owners and a key re-check in one statement (``read_rows``)."""
@@ -245,8 +248,15 @@ class Authorizer:
         decision = None
         if getattr(self.policy, "decide_request", None) is not None:
             try:
+                # hash((p, action, key)) raises iff hashing p, action or key does; p is hashed once per
+                # principal object (`_hashable`: the last one that hashed; frozen, so it hashes again), the
+                # memo look-up hashes the whole key anyway.
+                if p is not self._hashable:
+                    hash(p)
+                    if type(p) is Principal:
+                        self._hashable = p
+                hash((action, key))
                 memo_key: Any = (p, action, key)
-                hash(memo_key)
             except TypeError:
                 memo_key = None
             if memo_key is not None:

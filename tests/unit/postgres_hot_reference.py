@@ -13,7 +13,15 @@ from psycopg.rows import tuple_row
 
 from sidecar.governance import Principal, Row
 from sidecar.ledger.base import parse_key
-from sidecar.ledger.postgres import PostgresLedger, _read_rows_query
+from sidecar.ledger.postgres import _READ_ROWS, _READ_ROWS_BINARY_IDS, PostgresLedger
+
+
+def _read_rows_query(ids: list[Any]) -> str:
+    """The statement of `read_rows` before h24p (no one-id statement)."""
+    for i in ids:
+        if type(i) is not str or "\x00" in i:
+            return _READ_ROWS
+    return _READ_ROWS_BINARY_IDS
 
 
 @asynccontextmanager

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sidecar import answer
 from sidecar.answer import answer_bytes
 
-from .answer_reference import answer_bytes_h22j, old_payload
+from .answer_reference import _OPTION, answer_bytes_h22j, old_payload, same_form_h22j
 
 
 class Str(str):
@@ -276,3 +276,25 @@ def test_non_ascii_answer_skips_the_standard_library(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(answer, "reference_bytes", refuse)
     assert answer_bytes(body) == expected
+
+
+# Containers longer than `answer._SHORT` too (checked by their children's types at once, the short ones child by child).
+_long_values = st.recursive(st.one_of(scalars, scalars, scalars, odd_scalars),
+                            lambda c: st.one_of(st.lists(c, min_size=0, max_size=14), st.dictionaries(texts, c, max_size=12),
+                                                st.lists(c, max_size=12).map(tuple)), max_leaves=60)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(values, _long_values))
+@example([1] * 9 + [math.nan])
+@example({str(i): "x" for i in range(9)} | {"z": Color.RED})
+@example(["a"] * 20)
+@example([["a"] * 9, [1.0] * 9, [1e-5] * 9])
+def test_same_form_as_before(value: Any) -> None:
+    """`answer._same_form` answers as `answer_reference.same_form_h22j` (every container looked at by its
+    children's types at once) on every value orjson writes (the only ones it is asked about)."""
+    try:
+        orjson.dumps(value, option=_OPTION)
+    except TypeError:
+        return
+    assert answer._same_form(value) == same_form_h22j(value)

@@ -267,3 +267,27 @@ def test_listener_counts_notifications_and_reconnections_like_the_reference(pg_u
     finally:
         new.stop()
         old.stop()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(row_strategy, min_size=1, max_size=4), st.sampled_from(["valid", "revoked", "unknown", None]))
+def test_one_id_reads_agree_with_the_reference(world: dict[str, Any], batch: list[Row], key: str | None) -> None:
+    """A read of one id (the one-id statement, ``row_id = %s``) and of the same id twice or with an absent one
+    (the array statement) answer as the reference, for stored rows with every field drawn, synchronous and
+    asynchronous."""
+    led = world["ledger"]
+    collection = store(led, batch)
+    key_id = world["key_ids"][key] if key else None
+
+    async def scenario() -> None:
+        try:
+            for row in batch:
+                for ids in ([row.row_id], [row.row_id, row.row_id], [row.row_id, "absent"], ["absent"]):
+                    expected = await _outcome(ref.read_rows_async(led, "chroma", collection, ids, key_id))
+                    assert expected[0] == "ok"
+                    _same_outcome(await _outcome(led.read_rows_async("chroma", collection, ids, key_id)), expected)
+                    _same_outcome(_outcome_sync(lambda: led.read_rows("chroma", collection, ids, key_id)), expected)
+                    _same_outcome(_outcome_sync(lambda: ref.read_rows(led, "chroma", collection, ids, key_id)), expected)
+        finally:
+            await led.aclose()
+    asyncio.run(scenario())
