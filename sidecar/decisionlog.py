@@ -187,8 +187,8 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
 
 def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: str = "enforce") -> dict[str, Any]:
     """The decision event's fields for a finished exchange, in log order (module docstring)."""
-    principal, deny_policies = ex.principal, ex.deny_policies
-    out = {
+    principal = ex.principal
+    return {
         "request_id": ex.request_id,
         "principal": principal.describe() if principal else None,
         "key_id": ex.key_id,
@@ -201,6 +201,14 @@ def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: st
         "status": status,
         "mode": mode,
         "policy_sha256": policy_sha256,
+        **_row_fields(ex, mode),
+    }
+
+
+def _row_fields(ex: Exchange, mode: str) -> dict[str, Any]:
+    """The fields of `fields` after ``policy_sha256`` (``policies`` .. ``stripped_headers``), in log order."""
+    deny_policies = ex.deny_policies
+    out: dict[str, Any] = {
         "policies": sorted(ex.policies),
         "deny_policies": sorted(deny_policies) if deny_policies else None,
         "evaluation_errors": ex.evaluation_errors or None,
@@ -286,25 +294,7 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
                     if len(static) >= size:
                         static.clear()
                     static[key] = run
-            deny_policies = ex.deny_policies
-            rest: dict[str, Any] = {
-                "policies": sorted(ex.policies),
-                "deny_policies": sorted(deny_policies) if deny_policies else None,
-                "evaluation_errors": ex.evaluation_errors or None,
-                "rows_allowed": ex.rows_allowed,
-                "rows_denied": ex.rows_denied,
-                "rows_hidden_superseded": ex.rows_hidden_superseded,
-                "rows_hidden_deleted": ex.rows_hidden_deleted,
-                "rows_unknown": ex.rows_unknown,
-                "row_deny_reasons": ex.row_deny_reasons or None,
-                "row_ids": ex.row_ids[:20],
-            }
-            if mode == "shadow":
-                rest["would_deny"] = ex.would_deny
-                rest["would_deny_reasons"] = ex.would_deny_reasons or None
-                rest["would_deny_row_ids"] = ex.would_deny_row_ids or None
-            rest["latency_us"] = ex.elapsed_us()
-            rest["stripped_headers"] = ex.stripped_headers or None
+            rest = _row_fields(ex, mode)
             rest["event"] = "decision"
             rest["level"] = "info"
             rest["timestamp"] = at(now())
