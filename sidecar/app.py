@@ -34,6 +34,7 @@ from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings
 from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
+from sidecar.ledger.postgres import PostgresLedger
 from sidecar.ledger.sqlite import SQLiteLedger
 from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
@@ -68,9 +69,11 @@ class Services:
         instrumented = InstrumentedLedger(raw_ledger, self.metrics)
         # Keys, collections and agents from memory while nothing changed (`sidecar.ledger.cache`); keys
         # are never cached on PostgreSQL, where a notification from another replica may be in flight.
-        # On SQLite the token (``PRAGMA data_version``) is read once per request (`request_scope`).
+        # The token (SQLite: the WAL index header; PostgreSQL: the count of notifications received, None while
+        # the channel is down or a notification waits unread) is read once per request (`request_scope`).
         self.ledger: Ledger = CachingLedger(instrumented, raw_ledger.cache_version, settings.ledger_cache_ttl_s,
-                                            cache_keys=not settings.ledger_url, per_request=isinstance(raw_ledger, SQLiteLedger)) \
+                                            cache_keys=not settings.ledger_url,
+                                            per_request=isinstance(raw_ledger, (SQLiteLedger, PostgresLedger))) \
             if hasattr(raw_ledger, "cache_version") and settings.ledger_cache_ttl_s > 0 else instrumented
         self.upstream = Upstream(
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,

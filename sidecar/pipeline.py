@@ -25,7 +25,7 @@ from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
-from sidecar.ledger.cache import _SCOPE, RequestScope
+from sidecar.ledger.cache import enter_request, leave_request
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
@@ -60,12 +60,12 @@ class Pipeline:
         ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
         try:
             # The stages in one ledger request scope (`sidecar.ledger.cache.request_scope`: the caches' token read
-            # once per request), entered and left here as that context manager does, without its generator.
-            scope_token = _SCOPE.set(RequestScope())
+            # once per request), entered and left as that context manager does, without its generator.
+            scope_token = enter_request()
             try:
                 status, body = await self._run_stages(ex, scope, receive)
             finally:
-                _SCOPE.reset(scope_token)
+                leave_request(scope_token)
             # A 2xx whose handler recorded a denial (a delete of which no row was permitted) stays a deny.
             if ex.decision == "deny":
                 ex.reason = ex.reason or "not_permitted"

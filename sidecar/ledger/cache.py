@@ -56,31 +56,44 @@ MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (
 
 
 class RequestScope:
-    """One request's reading of a `CachingLedger`'s token (see `request_scope`)."""
+    """One request's reading of a `CachingLedger`'s token (see `request_scope`): `ledger` and `token` are None
+    until the request's first lookup (class attributes: making one runs no ``__init__``)."""
 
-    __slots__ = ("ledger", "token")
-
-    def __init__(self) -> None:
-        self.ledger: Any = None
-        self.token: Any = None
+    ledger: Any = None
+    token: Any = None
 
 
 _SCOPE: contextvars.ContextVar[RequestScope | None] = contextvars.ContextVar("memwarden_ledger_request", default=None)
 
 
+def enter_request() -> contextvars.Token[RequestScope | None]:
+    """Enter a new request scope (see `request_scope`) in the current context; returns the token that
+    `leave_request` takes to leave it (restoring the scope, or none, the context had before). What
+    ``with request_scope():`` does, without the generator: `sidecar.pipeline.Pipeline.run` calls the two
+    around its stages, ``leave_request`` in a ``finally``."""
+    return _SCOPE.set(RequestScope())
+
+
+# Leave the scope `enter_request` entered: ``ContextVar.reset`` of its token (ValueError for a token of another
+# context, RuntimeError for one used already).
+leave_request: Callable[[contextvars.Token[RequestScope | None]], None] = _SCOPE.reset
+
+
 @contextmanager
 def request_scope() -> Iterator[RequestScope]:
     """The extent of one request (`sidecar.pipeline.Pipeline`): in it, a `CachingLedger` made with
-    ``per_request=True`` reads its token (``PRAGMA data_version`` on SQLite) at the request's first
-    lookup, and its later lookups in the same request use that reading while nothing has moved the
-    caches since (no write through the wrapper, no newer token seen by another request). A change
-    committed before the request's first lookup is seen by all of them; one committed during the request
-    is seen from the next request on. Outside a scope every lookup reads the token."""
-    token = _SCOPE.set(RequestScope())
+    ``per_request=True`` reads its token (the WAL index header on SQLite, the notification count on
+    PostgreSQL) at the request's first lookup, and its later lookups in the same request use that reading
+    while nothing has moved the caches since (no write through the wrapper, no newer token — or none, the
+    channel down — seen by another request). A change committed (on PostgreSQL: a notification received, or
+    waiting unread on the listening socket) before the request's first lookup is seen by all of them; one
+    committed during the request is seen from the next request on. Outside a scope every lookup reads the
+    token. `enter_request` and `leave_request` are the same without the generator."""
+    token = enter_request()
     try:
         yield _SCOPE.get()  # type: ignore[misc]
     finally:
-        _SCOPE.reset(token)
+        leave_request(token)
 
 
 class CachingLedger:
