@@ -28,12 +28,15 @@ import logging
 import os
 import re
 import select
+import struct
 import threading
 from typing import Any, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
 import psycopg.sql
+from psycopg.adapt import Transformer
+from psycopg.generators import execute as _pq_execute
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -196,6 +199,111 @@ def _read_rows_query(ids: list[Any]) -> tuple[str, Any]:
     return _READ_ROWS_BINARY_IDS, ids
 
 
+# `PostgresLedger.read_rows` without psycopg's cursor (h25p): the statements of `_read_rows_query` for exact ``str``
+# arguments without NUL (one id: `_READ_ONE_ROW`; any other number: `_READ_ROWS_BINARY_IDS`), prepared once per
+# connection under a name of their own and executed with libpq's ``PQsendQueryPrepared`` on the connection's
+# ``pgconn``; the rows are loaded by a psycopg `Transformer` of the connection (the cursor's own loaders, binary
+# results, plain tuples). What the cursor adds per call and this does not need: the query's conversion and
+# its parameters' dumpers (here: UTF-8 bytes in text format, the ids as a binary ``text[]``), psycopg's
+# prepared-statement bookkeeping (it prepares a statement after 5 uses: the same server-side plan reuse), the
+# cursor's state. Everything else is psycopg's: the connection lock, `Connection.wait` (interrupts cancel the
+# query), the result generator (notices, notifications), `psycopg.errors.error_from_result` for a failed
+# statement. psycopg sends ``DEALLOCATE ALL`` after a rollback when it has prepared statements of its own, and
+# a session can lose prepared statements in other ways: a statement found missing (SQLSTATE 26000) is prepared
+# again and executed once more (an autocommit read: nothing to roll back). Same rows, same errors as the
+# cursor (`tests/unit/test_ledger_pg_direct.py`, against `tests/unit/postgres_direct_reference.py`).
+def _positional(sql: str) -> bytes:
+    out = (sql.replace("%(key)s", "$1").replace("%(backend)s", "$2").replace("%(collection)s", "$3")
+           .replace("%(ids)s", "$4").replace("%(ids)b", "$4"))
+    assert "%(" not in out and "$4" in out
+    return out.encode()
+
+
+_TEXT_OID, _TEXT_ARRAY_OID = 25, 1009
+_FORMATS_TEXT = [psycopg.pq.Format.TEXT] * 4
+_FORMATS_IDS_BINARY = [psycopg.pq.Format.TEXT] * 3 + [psycopg.pq.Format.BINARY]
+_DIRECT_ONE = (b"mw_read_one_row", _positional(_READ_ONE_ROW), [_TEXT_OID] * 4, _FORMATS_TEXT)
+_DIRECT_MANY = (b"mw_read_rows", _positional(_READ_ROWS_BINARY_IDS), [_TEXT_OID] * 3 + [_TEXT_ARRAY_OID],
+                _FORMATS_IDS_BINARY)
+_ARRAY_HEAD = struct.Struct("!iiiii")  # ndim 1, no NULLs, element oid, length, lower bound 1
+_EMPTY_TEXT_ARRAY = struct.pack("!iii", 0, 0, _TEXT_OID)
+_ITEM_LENGTH = struct.Struct("!i").pack
+_BINARY_RESULT = psycopg.pq.Format.BINARY
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
+_FATAL_ERROR = psycopg.pq.ExecStatus.FATAL_ERROR
+_UNDEFINED_STATEMENT = b"26000"
+_SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
+
+
+def _text_array(items: list[bytes]) -> bytes:
+    """The binary form of a one-dimensional ``text[]`` without NULLs (what psycopg's binary list dumper sends)."""
+    if not items:
+        return _EMPTY_TEXT_ARRAY
+    return _ARRAY_HEAD.pack(1, 0, _TEXT_OID, len(items), 1) + b"".join(_ITEM_LENGTH(len(b)) + b for b in items)
+
+
+def _direct_params(key_id: Any, backend: Any, collection_id: Any, ids: list[Any]
+                   ) -> tuple[tuple[bytes, bytes, list[int], list[Any]], list[bytes | None]] | None:
+    """(statement, parameters) of the direct read of `PostgresLedger.read_rows`, or None when an argument is not
+    an exact ``str`` (``key_id`` may be None), holds NUL or is not UTF-8-encodable: those take the cursor."""
+    try:
+        if type(backend) is not str or type(collection_id) is not str or "\x00" in backend or "\x00" in collection_id:
+            return None
+        if key_id is None:
+            key = None
+        elif type(key_id) is str and "\x00" not in key_id:
+            key = key_id.encode()
+        else:
+            return None
+        encoded = []
+        for i in ids:
+            if type(i) is not str or "\x00" in i:
+                return None
+            encoded.append(i.encode())
+        if len(encoded) == 1:
+            return _DIRECT_ONE, [key, backend.encode(), collection_id.encode(), encoded[0]]
+        return _DIRECT_MANY, [key, backend.encode(), collection_id.encode(), _text_array(encoded)]
+    except UnicodeEncodeError:
+        return None
+
+
+def _direct_rows(conn: Any, statement: tuple[bytes, bytes, list[int], list[Any]], params: list[bytes | None]
+                 ) -> list[tuple[Any, ...]]:
+    """Execute `statement` (prepared on `conn` first if it is not yet) with `params`; its rows as tuples."""
+    name, sql, types, formats = statement
+    prepared = conn.direct_prepared
+    if prepared is None:
+        prepared = conn.direct_prepared = set()
+    with conn.lock:
+        pgconn = conn.pgconn
+        for attempt in (0, 1):
+            if name not in prepared:
+                pgconn.send_prepare(name, sql, param_types=types)
+                (res,) = conn.wait(_pq_execute(pgconn))
+                if res.status != _COMMAND_OK:
+                    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+                prepared.add(name)
+            pgconn.send_query_prepared(name, params, param_formats=formats, result_format=_BINARY_RESULT)
+            results = conn.wait(_pq_execute(pgconn))
+            res = results[-1]
+            if len(results) == 1 and res.status == _TUPLES_OK:
+                break
+            if res.status == _FATAL_ERROR and res.error_field(_SQLSTATE) == _UNDEFINED_STATEMENT and not attempt:
+                prepared.discard(name)  # gone from the session (DEALLOCATE ALL): prepare it again, once
+                continue
+            if res.status == _FATAL_ERROR:
+                raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+            raise psycopg.errors.InternalError(f"unexpected result {psycopg.pq.ExecStatus(res.status).name} of {name!r}")
+        tx = conn.direct_tx
+        if tx is None:
+            tx = conn.direct_tx = Transformer(conn)
+        tx.set_pgresult(res)
+        rows = tx.load_rows(0, res.ntuples, tuple)
+        tx.set_pgresult(None)
+    return rows
+
+
 # Positions in a `_READ_ROWS` tuple: key_ok, then the row's `_ROW_COLUMNS` (row_id third), then the owner's
 # agent (tenant, fleet, agent, trust, roles).
 _ROW_ID, _AGENT = 3, 1 + _N_ROW_COLUMNS
@@ -218,10 +326,13 @@ class _HotConnection(psycopg.AsyncConnection[Any]):
 
 class _HotSyncConnection(psycopg.Connection[Any]):
     """`_HotConnection` for the synchronous pool (`PostgresLedger.read_rows`, `authenticate`); every other
-    method uses these connections as plain ones."""
+    method uses these connections as plain ones. `direct_prepared`: the names of the statements `_direct_rows`
+    prepared in this session (a set, made on first use); `direct_tx`: its `Transformer`."""
 
     rows_cursor: Any = None
     key_cursor: Any = None
+    direct_prepared: Any = None
+    direct_tx: Any = None
 
 
 def _done_sync(conn: psycopg.Connection[Any]) -> None:
@@ -503,15 +614,19 @@ class PostgresLedger:
         directly with the connection's own binary tuple cursor, as there (`_HotSyncConnection`, `_done_sync`,
         `_failed_sync`)."""
         ids = list(dict.fromkeys(row_ids))
+        direct = _direct_params(key_id, backend, collection_id, ids)
         pool = self._pool
         conn = pool.getconn()
         try:
-            cur = conn.rows_cursor
-            if cur is None:
-                cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
-            query, ids_value = _read_rows_query(ids)
-            result = cur.execute(query, {"key": key_id, "backend": backend, "collection": collection_id,
-                                         "ids": ids_value}).fetchall()
+            if direct is not None:
+                result = _direct_rows(conn, *direct)
+            else:
+                cur = conn.rows_cursor
+                if cur is None:
+                    cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
+                query, ids_value = _read_rows_query(ids)
+                result = cur.execute(query, {"key": key_id, "backend": backend, "collection": collection_id,
+                                             "ids": ids_value}).fetchall()
             _done_sync(conn)
         except BaseException:
             _failed_sync(conn)

@@ -1,0 +1,176 @@
+"""`PostgresLedger.read_rows` through libpq's prepared statements on the connection's ``pgconn`` (h25p,
+`_direct_params` / `_direct_rows`) against the cursor read it replaces (`tests.unit.postgres_direct_reference`),
+on a real PostgreSQL: over generated ids, keys, backends and collection ids (absent, duplicated, empty,
+non-ASCII, quotes, braces, backslashes, NUL, lone surrogates, long, not ``str``) the same rows, owners and key
+answer, or the same exception class; the statements prepared once per connection and prepared again when the
+session lost them (``DEALLOCATE ALL``, sent by psycopg after a rollback when it has prepared statements of its
+own); a closed connection fails as the cursor does (`psycopg.OperationalError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from sidecar.governance import Row
+from sidecar.ledger import postgres
+from sidecar.ledger.postgres import PostgresLedger, _direct_params, _text_array
+from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, _row_to_db
+from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
+from tests.unit.postgres_direct_reference import reference_read_rows
+
+STORED = ["r0", "r1", 'a"b', "{x}", "NULL", "", "é😀", "a,b", "\\", " s ", "x" * 300]
+ODD = st.sampled_from(STORED + ["absent", "a\x00b", "\ud800", "\u2028", "ǅ", "ß"])
+IDS = st.lists(ODD | st.text(max_size=8) | st.sampled_from([5, None, b"r0", ["r0"]]), max_size=8)
+KEYS = st.sampled_from(["valid", "revoked", "unknown", None, "nul", "surrogate", "int"])
+NAMES = st.sampled_from(["c", "chroma"]) | st.text(max_size=4) | st.sampled_from(["a\x00", "\udfff", 3])
+
+
+@pytest.fixture(scope="module")
+def ledger(pg_url: str) -> Iterator[PostgresLedger]:  # noqa: F811
+    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2)
+    led.create_key("agent", "t", "f", "a", 1, roles=("reviewer",))
+    with led._tx() as db:  # noqa: SLF001
+        for i, row_id in enumerate(STORED):
+            row = Row("chroma", "c", row_id, "t", "f", "t/f/a" if i % 2 else "u/f/z", "agent", "t/f/a", i,
+                      readers=("t/f/b",), extra={"n": i})
+            db.execute(f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join(['%s'] * _N_ROW_COLUMNS)})",
+                       list(_row_to_db(row, 7)))
+    valid = led.create_key("agent", "t", "f", "k", 1)[0].key_id
+    revoked = led.create_key("agent", "t", "f", "r", 1)[0].key_id
+    led.revoke_key(revoked)
+    led.test_keys = {"valid": valid, "revoked": revoked, "unknown": "0123456789abcdef", None: None,  # type: ignore[attr-defined]
+                     "nul": "01234\x00", "surrogate": "\ud800", "int": 7}
+    yield led
+    led.close()
+
+
+def _outcome(fn: Any) -> Any:
+    try:
+        rows, owners, key_ok = fn()
+    except Exception as exc:  # noqa: BLE001 - the reference's exception class is the answer
+        return type(exc)
+    return ({k: dataclasses.astuple(v) + tuple(type(x) for x in dataclasses.astuple(v)) for k, v in rows.items()},
+            owners, key_ok, type(key_ok))
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=IDS, key=KEYS, backend=NAMES, collection=NAMES)
+@example(ids=[], key="valid", backend="chroma", collection="c")
+@example(ids=["r0"], key=None, backend="chroma", collection="c")
+@example(ids=STORED + STORED, key="revoked", backend="chroma", collection="c")
+@example(ids=["r0", "a\x00b"], key="valid", backend="chroma", collection="c")
+@example(ids=["\ud800"], key="valid", backend="chroma", collection="c")
+@example(ids=["r1"], key="nul", backend="chroma", collection="c")
+@example(ids=["r1"], key="valid", backend="chroma", collection="a\x00")
+def test_direct_read_answers_as_the_cursor(ledger: PostgresLedger, ids: list[Any], key: Any, backend: Any,
+                                           collection: Any) -> None:
+    key_id = ledger.test_keys[key]  # type: ignore[attr-defined]
+    if backend in ("c", "chroma") and collection in ("c", "chroma"):
+        backend, collection = "chroma", "c"  # most examples read stored rows
+    expected = _outcome(lambda: reference_read_rows(ledger, backend, collection, ids, key_id))
+    assert _outcome(lambda: ledger.read_rows(backend, collection, ids, key_id)) == expected
+
+
+def test_odd_arguments_take_the_cursor() -> None:
+    assert _direct_params("k", "chroma", "c", ["a"]) is not None
+    assert _direct_params(None, "chroma", "c", []) is not None
+    for args in [("k\x00", "chroma", "c", ["a"]), ("k", "chroma", "c\x00", ["a"]), ("k", "chroma", "c", ["a\x00"]),
+                 (5, "chroma", "c", ["a"]), ("k", "chroma", "c", [5]), ("k", "chroma", "c", ["\ud800"]),
+                 ("\ud800", "chroma", "c", ["a"]), ("k", b"chroma", "c", ["a"]), ("k", "chroma", "c", [None])]:
+        assert _direct_params(*args) is None, args
+
+
+@given(st.lists(st.text(max_size=6).filter(lambda s: "\x00" not in s).map(lambda s: s.encode("utf-8", "surrogatepass")),
+                max_size=6))
+def test_text_array_is_psycopgs_binary_array(items: list[bytes]) -> None:
+    """The binary ``text[]`` is what psycopg's binary list dumper makes of the same strings (one dimension, no
+    NULLs, lower bound 1), and an empty array carries the ``text`` element type (the prepared parameter's)."""
+    if not items:
+        assert _text_array([]) == b"\x00\x00\x00\x00" b"\x00\x00\x00\x00" b"\x00\x00\x00\x19"
+        return
+    strings = [b.decode("utf-8", "surrogatepass") for b in items]
+    if any(0xD800 <= ord(c) <= 0xDFFF for s in strings for c in s):
+        return
+    tx = psycopg.adapt.Transformer()
+    dumper = tx.get_dumper(strings, psycopg.adapt.PyFormat.BINARY)
+    assert bytes(dumper.dump(strings)) == _text_array(items)
+
+
+def _session_statements(ledger: PostgresLedger, conn: Any) -> set[str]:
+    return {r["name"] for r in conn.execute("SELECT name FROM pg_prepared_statements").fetchall()}
+
+
+def test_prepared_once_and_again_after_deallocate_all(ledger: PostgresLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepares: list[bytes] = []
+    real = postgres._direct_rows
+
+    def counting(conn: Any, statement: Any, params: Any) -> Any:
+        before = set(conn.direct_prepared or ())
+        try:
+            return real(conn, statement, params)
+        finally:
+            prepares.extend(sorted(set(conn.direct_prepared or ()) - before))
+    monkeypatch.setattr(postgres, "_direct_rows", counting)
+    pool = ledger._pool  # noqa: SLF001
+    key_id = ledger.test_keys["valid"]  # type: ignore[attr-defined]
+    expected_one = reference_read_rows(ledger, "chroma", "c", ["r1"], key_id)
+    expected_many = reference_read_rows(ledger, "chroma", "c", ["r1", "r0", "absent"], key_id)
+    for _ in range(3):
+        assert ledger.read_rows("chroma", "c", ["r1"], key_id) == expected_one
+        assert ledger.read_rows("chroma", "c", ["r1", "r0", "absent"], key_id) == expected_many
+    assert sorted(prepares) == sorted(set(prepares)) and len(prepares) <= 2 * pool.max_size
+    # every pooled connection loses its prepared statements, as psycopg's DEALLOCATE ALL does
+    conns = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+        for conn in conns:
+            if conn.direct_prepared:
+                assert {"mw_read_one_row", "mw_read_rows"} & _session_statements(ledger, conn)
+            conn.execute("DEALLOCATE ALL")
+            assert not {"mw_read_one_row", "mw_read_rows"} & _session_statements(ledger, conn)
+    finally:
+        for conn in conns:
+            pool.putconn(conn)
+    prepares.clear()
+    for _ in range(2 * pool.max_size):
+        assert ledger.read_rows("chroma", "c", ["r1"], key_id) == expected_one
+        assert ledger.read_rows("chroma", "c", ["r1", "r0", "absent"], key_id) == expected_many
+    assert prepares  # prepared again where they were lost, and the reads answered
+
+
+def test_psycopgs_own_rollback_deallocates_and_the_read_recovers(ledger: PostgresLedger) -> None:
+    """psycopg prepares a statement after 5 uses; a rollback then sends ``DEALLOCATE ALL`` (ours go too)."""
+    pool = ledger._pool  # noqa: SLF001
+    key_id = ledger.test_keys["valid"]  # type: ignore[attr-defined]
+    expected = reference_read_rows(ledger, "chroma", "c", ["r1"], key_id)
+    conns = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+        for conn in conns:
+            for _ in range(7):
+                conn.execute("SELECT 1 WHERE %s::text IS NOT NULL", ("x",))  # prepared by psycopg
+            conn.autocommit = False
+            conn.execute("SELECT 1")
+            conn.rollback()
+            conn.autocommit = True
+    finally:
+        for conn in conns:
+            pool.putconn(conn)
+    for _ in range(2 * pool.max_size):
+        assert ledger.read_rows("chroma", "c", ["r1"], key_id) == expected
+
+
+def test_a_closed_connection_fails_as_the_cursor_does(ledger: PostgresLedger) -> None:
+    pool = ledger._pool  # noqa: SLF001
+    conn = pool.getconn()
+    try:
+        conn.pgconn.finish()  # the server went away under a checked-out connection
+        with pytest.raises(psycopg.OperationalError):
+            postgres._direct_rows(conn, *_direct_params(None, "chroma", "c", ["r1"]))  # type: ignore[misc]
+    finally:
+        pool.putconn(conn)
+    assert ledger.read_rows("chroma", "c", ["r1"], None)[0]  # the pool replaced it
