@@ -286,6 +286,8 @@ def _direct_rows(conn: Any, statement: tuple[bytes, bytes, list[int], list[Any]]
                 prepared.add(name)
             pgconn.send_query_prepared(name, params, param_formats=formats, result_format=_BINARY_RESULT)
             results = conn.wait(_pq_execute(pgconn))
+            if not results:
+                raise psycopg.errors.InternalError("got no result from the query")  # as the cursor
             res = results[-1]
             if len(results) == 1 and res.status == _TUPLES_OK:
                 break
