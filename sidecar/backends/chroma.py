@@ -319,27 +319,17 @@ class ChromaProfile:
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
         self.content_keys = content_keys(settings.chroma_content_keys)
         authz.deferrable = self.deferrable
-        self._deferred: tuple[list[str], list[str], str, Route | None] | None = None  # `deferrable`'s last, for `match`
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
-        """`ROUTE_TABLE`'s match. The route `deferrable` matched just before for the very same list (same
-        object, same items) and method is handed out once instead of being matched again (on PostgreSQL the
-        pipeline asks `deferrable` while authenticating, then `match`, with the request's segments)."""
-        last = self._deferred
-        if last is not None:
-            self._deferred = None
-            if last[0] is segments and last[2] == method and last[1] == segments:
-                return last[3]
         return ROUTE_TABLE.match(method, segments)
 
     def deferrable(self, method: str, segments: list[str]) -> bool:
         """Whether the request is a pure read (`DEFERRED_KEY_CHECK`: get, query, count — they change nothing in
         the ledger or the backend) whose key re-check may ride on its first ledger read
         (`Authorizer.authenticate`); `handle` settles it before any answer."""
-        route = ROUTE_TABLE.match(method, segments)
-        self._deferred = (segments, list(segments), method, route)
+        route = self.match(method, segments)
         return route is not None and route.op in DEFERRED_KEY_CHECK
 
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
