@@ -2,7 +2,8 @@
 
 Side by side on one Chroma server: **direct** Chroma, the thinnest Python **passthrough**
 (`bench/passthrough.py`, the floor of one Python hop) and **memwarden** under each query plan
-(`MEMWARDEN_QUERY_PLAN`), for get-by-id (1 id) and query k = 1/10/50, at 1 and 16 clients, over
+(`MEMWARDEN_QUERY_PLAN`; ``pushdown-where``: the pushdown as Chroma's metadata filter, never the ledger's id list),
+for get-by-id (1 id) and query k = 1/10/50, at 1 and 16 clients, over
 collections where 100 %, 10 % and 1 % of the rows are readable by the caller; on the SQLite and the
 PostgreSQL ledger; then again after a second, larger tenant was written to the same Chroma server
 (Chroma's metadata index is shared by all its tenants).
@@ -56,7 +57,11 @@ from sidecar.ledger import open_ledger
 HERE = Path(__file__).resolve().parent
 POLICIES = HERE.parent / "policies"
 LUA = HERE / "post_bodies.lua"
-PLANS = list(typing.get_args(Settings.model_fields["query_plan"].annotation))
+# Each query plan (`MEMWARDEN_QUERY_PLAN`), plus ``pushdown-where``: the pushdown always sent as Chroma's metadata
+# ``where`` (``ID_PUSHDOWN_MAX=0``), where the other plans send the ledger's id list of the admitted rows when short.
+PLAN_ENV = {**{p: {"MEMWARDEN_QUERY_PLAN": p} for p in typing.get_args(Settings.model_fields["query_plan"].annotation)},
+            "pushdown-where": {"MEMWARDEN_QUERY_PLAN": "pushdown", "MEMWARDEN_ID_PUSHDOWN_MAX": "0"}}
+PLANS = list(PLAN_ENV)
 OPS = {"get": ("get", None), "q1": ("query", 1), "q10": ("query", 10), "q50": ("query", 50)}
 
 
@@ -152,7 +157,7 @@ class Phase:
         self.sidecars: dict[str, Server] = {}
         for plan in args.plans:
             side = start_sidecar(self.chroma.url, root / f"ledger.db", POLICIES,
-                                 extra_env={**env, "MEMWARDEN_QUERY_PLAN": plan, "MEMWARDEN_RECONCILE_INTERVAL_S": "0",
+                                 extra_env={**env, **PLAN_ENV[plan], "MEMWARDEN_RECONCILE_INTERVAL_S": "0",
                                             "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
                                             "MEMWARDEN_DECISION_LOG_SINK": "file",
                                             "MEMWARDEN_DECISION_LOG_PATH": str(root / f"decisions-{plan}.jsonl")})

@@ -113,6 +113,12 @@ class Settings(BaseSettings):
         "under the pushdown only when it holds fewer than n_results readable rows (postfilter-first)",
     )
     overfetch_factor: int = Field(default=2, ge=1, description="query over-fetch multiple of n_results")
+    id_pushdown_max: int = Field(
+        default=1000, ge=0,
+        description="reads under the visibility filter (query pushdown and refill, get without ids, count): when at "
+        "most this many rows of the collection are admitted by it, the ledger lists them and the backend gets their "
+        "ids instead of the metadata where filter, whose cost grows with everything the backend stores; 0 = always "
+        "the where filter")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
     log_level: str = "INFO"

@@ -17,7 +17,8 @@ raise site may name a more precise reason — Cedar's deny reason, ``unknown_row
     ├── PayloadTooLarge            413  body (or number of ids) over the       error  payload_too_large
     │                                   configured limit
     ├── UpstreamError              502  backend down, 5xx, or a body that is   error  backend_error
-    │                                   not the expected JSON
+    │   │                               not the expected JSON
+    │   └── BackendServerError     502  the backend's own 5xx answer            error  backend_error
     ├── Overloaded                 503  more requests in flight than the       error  overloaded
     │                                   sidecar takes at once
     ├── LedgerUnavailable          503  PostgreSQL ledger unreachable, or no   error  ledger_unavailable
@@ -77,6 +78,16 @@ class PayloadTooLarge(MemwardenError):
 
 class UpstreamError(MemwardenError):
     status, code, reason = 502, "bad_gateway", "backend_error"
+
+
+class BackendServerError(UpstreamError):
+    """A 5xx answered by the backend itself (it was reached and replied); `backend_status` is its status.
+    Answered as any `UpstreamError` (502); a read whose plan sent an id list may retry under the metadata
+    filter on it (`sidecar.backends.chroma.ChromaProfile._pushdown`)."""
+
+    def __init__(self, backend_status: int) -> None:
+        super().__init__(f"backend answered {backend_status}")
+        self.backend_status = backend_status
 
 
 class Overloaded(MemwardenError):

@@ -52,12 +52,24 @@ def admitted_share(p: Principal, counts: Counts, wide: bool = False) -> float | 
     me = p.uid[1]
     ok = 0
     for scope, fleet, owner, readers, status, n in counts:
-        if status != "active":
-            continue
-        if wide or p.kind == "admin" or scope == "tenant" or (scope == "agent" and owner == me) \
-                or (scope == "fleet" and (p.trust >= 2 or fleet == p.fleet)) or (scope == "restricted" and me in readers):
+        if status == "active" and admits(p, me, scope, fleet, owner, readers, wide):
             ok += n
     return ok / total
+
+
+def admits(p: Principal, me: str, scope: str, fleet: str, owner: str, readers: tuple[str, ...], wide: bool) -> bool:
+    """Whether `p`'s visibility filter (`visibility_where`, mode ``tenant`` when `wide`) admits a row of `p`'s tenant
+    with these governance columns; `me` is ``p.uid[1]``."""
+    return wide or p.kind == "admin" or scope == "tenant" or (scope == "agent" and owner == me) \
+        or (scope == "fleet" and (p.trust >= 2 or fleet == p.fleet)) or (scope == "restricted" and me in readers)
+
+
+def admitted_count(p: Principal, counts: Counts, wide: bool = False) -> int:
+    """Rows of a collection that are neither deleted nor pending and that `p`'s visibility filter admits
+    (what `Ledger.visible_row_ids` lists, as of `counts`)."""
+    me = p.uid[1]
+    return sum(n for scope, fleet, owner, readers, status, n in counts
+               if status not in ("deleted", "pending") and admits(p, me, scope, fleet, owner, readers, wide))
 
 
 def overfetch_size(share: float, k: int, factor: int, cap: int) -> int | None:
@@ -142,6 +154,14 @@ class QueryPlanner:
             shares.clear()
         shares[key] = share
         return share
+
+    def admitted_rows(self, p: Principal, collection_id: str, wide: bool = False) -> int | None:
+        """`admitted_count` of the counts kept for `collection_id`, or None when none are kept or they are older
+        than `ttl_s` (nothing is read from the ledger here). An estimate: the rows themselves are read when used."""
+        entry = self._stats.get(collection_id)
+        if entry is None or time.monotonic() - entry.loaded_at > self.ttl_s:
+            return None
+        return admitted_count(p, entry.counts, wide)
 
     def _pushdown(self, k: int) -> Plan:
         plan = self._pushdowns.get(k)

@@ -24,13 +24,14 @@ Governance on top of Chroma:
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any
 
 import structlog
 
 from sidecar.backends.base import Route, RouteTable
 from sidecar.config import Settings
-from sidecar.errors import BackendClientError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
@@ -136,6 +137,14 @@ def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
         {"mw_scope": {"$eq": "tenant"}},
         {"$and": [{"mw_scope": {"$eq": "restricted"}}, {READER_PREFIX + me: {"$eq": True}}]},
     ]}]}
+
+
+def visibility_reader(p: Principal, mode: str) -> tuple[str, str | None, bool] | None:
+    """The reader side of `visibility_where(p, mode)` as `Ledger.visible_row_ids` takes it: None where the filter is
+    the tenant's alone (mode ``tenant``, tenant admins), else (``p.uid[1]``, ``p.fleet``, trust ≥ 2)."""
+    if mode == "tenant" or p.kind == "admin":
+        return None
+    return (p.uid[1], p.fleet, p.trust >= 2)
 
 
 def and_where(*clauses: Any) -> dict[str, Any] | None:
@@ -319,6 +328,8 @@ class ChromaProfile:
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
         self.content_keys = content_keys(settings.chroma_content_keys)
         authz.deferrable = self.deferrable
+        # collection id → monotonic time until which its reads use the where filter, not an id list (`_pushdown`)
+        self._id_plan_off: dict[str, float] = {}
         self.planner = QueryPlanner(settings.query_plan, settings.overfetch_factor, settings.max_scan_rows,
                                     lambda collection_id: ledger.visibility_counts(BACKEND, collection_id))
 
@@ -919,6 +930,51 @@ class ChromaProfile:
             raise BadRequest("where must be an object")
         return and_where(client_where, visibility_where(self._p(ex), mode or self.authz.pushdown(self.settings.pushdown)))
 
+    ID_PLAN_BACKOFF_S = 60.0  # after the backend failed an id-list read of a collection, its where filter for this long
+
+    async def _pushdown(self, ex: Exchange, rec: CollectionRecord, client_where: Any, client_ids: list[str] | None,
+                        where: dict[str, Any] | None, mode: str) -> tuple[Any, list[str] | None, bool]:
+        """How a read reaches the backend under the caller's visibility filter (docs/design.md §2.7): (where, ids,
+        by_ids). `where` is the client's filter ANDed with `visibility_where` (`_where`), the metadata form.
+
+        When at most ``ID_PUSHDOWN_MAX`` rows of the collection are admitted — first by the planner's counts where
+        it keeps them (`QueryPlanner.admitted_rows`, no ledger read when they say more), then by the rows
+        themselves — the ledger lists their ids (`Ledger.visible_row_ids`: the same predicate over its own columns,
+        read now) and the backend gets (the client's own where, those ids), intersected with the client's ids in
+        their order: Chroma resolves an id list at a cost that does not grow with the other rows it stores, and a
+        metadata filter at one that does. Every row the backend returns is still decided by the ledger and Cedar;
+        the id list admits exactly the rows `visibility_where` admits over the same governance (the stamped
+        metadata is written from the ledger's row), so recall is the filter's. Otherwise (`where`, client ids)."""
+        limit = self.settings.id_pushdown_max
+        if limit <= 0:
+            return where, client_ids, False
+        off = self._id_plan_off.get(rec.collection_id)
+        if off is not None:
+            if time.monotonic() < off:
+                return where, client_ids, False
+            self._id_plan_off.pop(rec.collection_id, None)
+        p = self._p(ex)
+        estimate = self.planner.admitted_rows(p, rec.collection_id, wide=mode == "tenant")
+        if estimate is not None and estimate > limit:
+            return where, client_ids, False
+        visible = await offloop.call(self.ledger, self.ledger.visible_row_ids, BACKEND, rec.collection_id, p.tenant,
+                                     visibility_reader(p, mode), limit)
+        if visible is None:
+            return where, client_ids, False
+        if client_ids is not None:
+            admitted = set(visible)
+            visible = [i for i in client_ids if i in admitted]
+        return client_where, visible, True
+
+    def _id_plan_failed(self, rec: CollectionRecord) -> None:
+        """The backend answered an id-list read of `rec` with a 5xx (Chroma does when a listed id is not stored, e.g.
+        a row deleted straight in Chroma): its reads use the where filter for `ID_PLAN_BACKOFF_S`."""
+        if len(self._id_plan_off) > 4096:
+            self._id_plan_off.clear()
+        self._id_plan_off[rec.collection_id] = time.monotonic() + self.ID_PLAN_BACKOFF_S
+        structlog.get_logger("memwarden.planner").warning("id_pushdown_failed", collection=rec.collection_id,
+                                                          fallback="where", seconds=self.ID_PLAN_BACKOFF_S)
+
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
                     keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
@@ -1000,13 +1056,14 @@ class ChromaProfile:
         limit = _nonneg_int(body.get("limit"), "limit", None)
         # With explicit ids the rows are already named: Cedar filters them and no pushdown is needed
         # for recall (Chroma's filtered get costs more than the ids lookup).
-        where = self._where(ex, body.get("where")) if ids is None else body.get("where")
+        client_where = body.get("where")
+        where = self._where(ex, client_where) if ids is None else client_where
         if where is not None and not isinstance(where, dict):
             raise BadRequest("where must be an object")
-        rows, included = await self._scan(
-            ex, rec, ids=ids, where=where, where_document=body.get("where_document"),
-            include=include, offset=offset, limit=limit, keep=self._keep(ex, rec),
-        )
+        rows, included = await self._scan_pushed(
+            ex, rec, ids=ids, client_where=client_where, where=where, pushed=ids is None,
+            where_document=body.get("where_document"), include=include, offset=offset, limit=limit,
+            keep=self._keep(ex, rec))
         self._decorate(ex, rec, rows)
         template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
         ex.row_ids = [r["ids"] for r in rows]
@@ -1014,11 +1071,30 @@ class ChromaProfile:
 
     async def op_count(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "list")
-        rows, _ = await self._scan(
-            ex, rec, ids=None, where=self._where(ex, None), where_document=None, include=[], offset=0, limit=None,
-            keep=self._keep(ex, rec),
-        )
+        rows, _ = await self._scan_pushed(
+            ex, rec, ids=None, client_where=None, where=self._where(ex, None), pushed=True, where_document=None,
+            include=[], offset=0, limit=None, keep=self._keep(ex, rec))
         return 200, len(rows)
+
+    async def _scan_pushed(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, client_where: Any,
+                           where: Any, pushed: bool, where_document: Any, include: Any, offset: int,
+                           limit: int | None, keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` of a get or count; with `pushed` (`where` holds the visibility filter) its form is chosen by
+        `_pushdown`, and a backend 5xx on an id list is answered by the same scan under `where` (`_id_plan_failed`)."""
+        if not pushed:
+            return await self._scan(ex, rec, ids=ids, where=where, where_document=where_document, include=include,
+                                    offset=offset, limit=limit, keep=keep)
+        mode = self.authz.pushdown(self.settings.pushdown)
+        b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, ids, where, mode)
+        try:
+            return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
+                                    offset=offset, limit=limit, keep=keep)
+        except BackendServerError:
+            if not by_ids:
+                raise
+            self._id_plan_failed(rec)
+        return await self._scan(ex, rec, ids=ids, where=where, where_document=where_document, include=include,
+                                offset=offset, limit=limit, keep=keep)
 
     async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "search")
@@ -1044,7 +1120,9 @@ class ChromaProfile:
                 self.ledger, self.ledger.visibility_counts, BACKEND, rec.collection_id))
         plan = self.planner.plan(self._p(ex), rec.collection_id, k, wide=mode == "tenant")
         n_fetch = plan.n_fetch
-        first_where = client_where if plan.unfiltered else where
+        unfiltered = plan.unfiltered
+        # what the backend gets: (where, ids, whether ids is the visibility filter's id list — `_pushdown`)
+        sent = (client_where, ids, False) if unfiltered else await self._pushdown(ex, rec, client_where, ids, where, mode)
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
 
@@ -1056,10 +1134,17 @@ class ChromaProfile:
 
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
-                   "where": first_where, "ids": ids}
+                   "where": sent[0], "ids": sent[1]}
             exact: list[bool] = []
-            resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req, idempotent=True,
-                                            exact=exact)
+            try:
+                resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req,
+                                                idempotent=True, exact=exact)
+            except BackendServerError:
+                if not sent[2]:
+                    raise
+                self._id_plan_failed(rec)  # the same fetch again under the metadata filter
+                sent = (where, ids, False)
+                continue
             if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list) or len(resp["ids"]) != len(pending) \
                     or not all(isinstance(x, list) for x in resp["ids"]):
                 raise UpstreamError("unexpected backend answer")
@@ -1080,9 +1165,10 @@ class ChromaProfile:
                 else:
                     still.append(i)
             pending = still
-            if first_where is not where:
+            if unfiltered:
                 self.planner.observe(self._p(ex), rec.collection_id, tally[0], tally[1])
-                first_where = where  # refill under the pushdown, starting again at the first size
+                unfiltered = False  # refill under the pushdown, starting again at the first size
+                sent = await self._pushdown(ex, rec, client_where, ids, where, mode)
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)

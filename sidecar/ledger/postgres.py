@@ -57,6 +57,9 @@ from sidecar.ledger.sqlite import (
     _closure_tombstone,
     _reset,
     _reset_done,
+    _visible,
+    _visible_ids_query,
+    Reader,
     _names,
     _row_from_db,
     _row_from_tuple,
@@ -1020,6 +1023,15 @@ class PostgresLedger:
                 "SELECT scope, fleet, owner, readers, status, COUNT(*) AS n FROM rows WHERE backend = %s AND collection_id = %s "
                 "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
         return [(r["scope"], r["fleet"], r["owner"], tuple(json.loads(r["readers"])), r["status"], int(r["n"])) for r in rows]
+
+    def visible_row_ids(self, backend: str, collection_id: str, tenant: str, reader: Reader | None,
+                        limit: int) -> list[str] | None:
+        """`Ledger.visible_row_ids`: one statement over the collection's rows (`_visible_ids_query`)."""
+        sql, args = _visible_ids_query("%s", "jsonb_exists(readers::jsonb, %s)", backend, collection_id, tenant,
+                                       reader, limit)
+        with self._conn() as db:
+            cur = db.cursor(row_factory=tuple_row)
+            return _visible(cur.execute(sql, args).fetchall(), limit)  # type: ignore[arg-type]
 
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""

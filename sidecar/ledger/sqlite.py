@@ -778,6 +778,16 @@ class SQLiteLedger:
                 "GROUP BY scope, fleet, owner, readers, status", (backend, collection_id)).fetchall()
         return [(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], int(r[5])) for r in rows]
 
+    def visible_row_ids(self, backend: str, collection_id: str, tenant: str, reader: Reader | None,
+                        limit: int) -> list[str] | None:
+        """`Ledger.visible_row_ids`: one statement over the collection's rows (`_visible_ids_query`)."""
+        sql, args = _visible_ids_query("?", "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)",
+                                       backend, collection_id, tenant, reader, limit)
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            return _visible(cur.execute(sql, args).fetchall(), limit)
+
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
         with self._lock:
@@ -785,6 +795,30 @@ class SQLiteLedger:
                 "SELECT collection_id, row_id FROM tombstones WHERE backend = ? AND backend_deleted_at IS NULL", (backend,)
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+
+Reader = tuple[str, str | None, bool]  # (agent uid, fleet, any fleet): the reader side of the visibility filter
+
+
+def _visible_ids_query(ph: str, reads_json: str, backend: str, collection_id: str, tenant: str, reader: Reader | None,
+                       limit: int) -> tuple[str, tuple[Any, ...]]:
+    """The statement of `visible_row_ids` (shared by both ledgers): `ph` is the placeholder, `reads_json` the
+    dialect's "readers (JSON array text) holds the string ``{ph}``" test."""
+    sql = (f"SELECT row_id FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
+           "AND status NOT IN ('deleted', 'pending')")
+    args: tuple[Any, ...] = (backend, collection_id, tenant)
+    if reader is not None:
+        uid, fleet, any_fleet = reader
+        fleet_test = "scope = 'fleet'" if any_fleet else f"(scope = 'fleet' AND fleet = {ph})"
+        sql += (f" AND (scope = 'tenant' OR (scope = 'agent' AND owner = {ph}) OR {fleet_test}"
+                f" OR (scope = 'restricted' AND {reads_json}))")
+        args += (uid,) + (() if any_fleet else (fleet,)) + (uid,)
+    return sql + f" LIMIT {ph}", args + (limit + 1,)
+
+
+def _visible(rows: list[Any], limit: int) -> list[str] | None:
+    ids = [r[0] for r in rows]
+    return None if len(ids) > limit else ids
 
 
 def _reset(db: Any, ph: str, backend: str, collection_id: str | None, by: str, request_id: str, t: int) -> int:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from sidecar.errors import BackendClientError, UpstreamError, UpstreamTimeout
+from sidecar.errors import BackendClientError, BackendServerError, UpstreamError, UpstreamTimeout
 from sidecar.stages.http1 import IDEMPOTENT_METHODS, Http1Transport, ResponseTooLarge
 
 IDEMPOTENT = {"memwarden.idempotent": True}
@@ -214,7 +214,7 @@ class Upstream:
         finally:
             self.last_latency_us = (time.perf_counter_ns() - started) // 1000
         if status >= 500:
-            raise UpstreamError(f"backend answered {status}")
+            raise BackendServerError(status)
         try:
             payload, by_orjson = decode_exact(body) if body else (None, False)
         except (ValueError, RecursionError) as exc:

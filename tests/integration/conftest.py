@@ -147,6 +147,16 @@ def pushdown_stack(stack: Stack) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+def where_pushdown_stack(stack: Stack) -> Iterator[Stack]:
+    """A sidecar whose query plan always pushes the visibility filter down as Chroma's metadata ``where``
+    (``ID_PUSHDOWN_MAX=0``: never as the ledger's id list of the admitted rows)."""
+    sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES,
+                            extra_env={"MEMWARDEN_QUERY_PLAN": "pushdown", "MEMWARDEN_ID_PUSHDOWN_MAX": "0"})
+    yield Stack(stack.chroma, sidecar, stack.ledger_path)
+    sidecar.stop()
+
+
+@pytest.fixture(scope="session")
 def postfilter_stack(stack: Stack) -> Iterator[Stack]:
     """A sidecar whose query plan tries one unfiltered over-fetch before refilling under the pushdown."""
     sidecar = start_sidecar(stack.chroma.url, stack.ledger_path, POLICIES, extra_env={"MEMWARDEN_QUERY_PLAN": "postfilter-first"})

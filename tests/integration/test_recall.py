@@ -1,6 +1,7 @@
 """Recall: with 200 rows of which the caller may read 20, query returns exactly the true top-k among
 readable rows (same ids and distances as Chroma over only those rows), under every query plan (``stack``
-runs the default ``auto``) and with the tenant-only pushdown."""
+runs the default ``auto``), with the visibility filter sent as the ledger's id list (the default) or as Chroma's
+metadata ``where`` (``where_pushdown_stack``), and with the tenant-only pushdown."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from tests.integration.conftest import Stack, unit_vectors
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("plan", ["stack", "pushdown_stack", "tenant_pushdown_stack", "postfilter_stack"])
+@pytest.mark.parametrize("plan", ["stack", "pushdown_stack", "where_pushdown_stack", "tenant_pushdown_stack",
+                                  "postfilter_stack"])
 def test_query_returns_true_top_k_of_readable_rows(request: pytest.FixtureRequest, plan: str) -> None:
     stack: Stack = request.getfixturevalue(plan)
     t = stack.tenant("recall")
@@ -44,7 +46,7 @@ def test_query_returns_true_top_k_of_readable_rows(request: pytest.FixtureReques
     assert mine.get(where={"k": "x"}, limit=5, offset=18)["ids"] == everything[18:20]
 
 
-@pytest.mark.parametrize("plan", ["stack", "pushdown_stack", "postfilter_stack"])
+@pytest.mark.parametrize("plan", ["stack", "pushdown_stack", "where_pushdown_stack", "postfilter_stack"])
 def test_query_when_most_rows_are_readable(request: pytest.FixtureRequest, plan: str) -> None:
     """The other regime: 90 of 100 rows readable; several query vectors in one call."""
     stack: Stack = request.getfixturevalue(plan)

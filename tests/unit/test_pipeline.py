@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from sidecar import Settings, create_app
 from sidecar.errors import PolicyLoadError
+from sidecar.governance import Row
 from sidecar.ledger import CollectionRecord, SQLiteLedger
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -116,11 +117,34 @@ def test_rows_unknown_to_the_ledger_are_dropped(ledger: SQLiteLedger) -> None:
 
 
 def test_pushdown_is_anded_with_the_client_filter(ledger: SQLiteLedger) -> None:
-    client, backend, key = make(ledger)
+    client, backend, key = make(ledger, id_pushdown_max=0)  # the metadata form of the visibility filter
     client.post(f"{BASE}/get", json={"where": {"$or": [{"mw_tenant": "u"}, {"x": 1}]}}, headers={"X-API-Key": key})
-    where = json.loads(backend.requests[-1].content)["where"]
+    sent = json.loads(backend.requests[-1].content)
+    where = sent["where"]
     assert where["$and"][0] == {"$or": [{"mw_tenant": "u"}, {"x": 1}]}
     assert where["$and"][1]["$and"][0] == {"mw_tenant": {"$eq": "t"}}
+    assert sent["ids"] is None
+
+
+def test_id_pushdown_sends_the_admitted_ids_with_the_client_filter(ledger: SQLiteLedger) -> None:
+    """The id-list form (default): the client's where unchanged, ids = the collection's rows the caller's
+    visibility admits, as the ledger holds them (not deleted); over ``ID_PUSHDOWN_MAX`` rows: the metadata form."""
+    client, backend, key = make(ledger)
+    ledger.adopt_rows([Row("chroma", CID, rid, "t", fleet, owner, scope, owner, 1, status)
+                       for rid, fleet, owner, scope, status in [
+                           ("mine", "red", "t/red/a", "agent", "active"), ("theirs", "red", "t/red/b", "agent", "active"),
+                           ("fleet", "red", "t/red/b", "fleet", "active"), ("blue", "blue", "t/blue/c", "fleet", "active"),
+                           ("all", "blue", "t/blue/c", "tenant", "active"), ("gone", "red", "t/red/a", "tenant", "active")]])
+    ledger.tombstone("chroma", CID, ["gone"], "t/red/a", "rq")
+    client_where = {"$or": [{"mw_tenant": "u"}, {"x": 1}]}
+    client.post(f"{BASE}/get", json={"where": client_where}, headers={"X-API-Key": key})
+    sent = json.loads(backend.requests[-1].content)
+    assert sent["where"] == client_where
+    assert sorted(sent["ids"]) == ["all", "fleet", "mine"]
+    client, backend, key = make(ledger, id_pushdown_max=2)
+    client.post(f"{BASE}/get", json={"where": client_where}, headers={"X-API-Key": key})
+    sent = json.loads(backend.requests[-1].content)
+    assert sent["ids"] is None and sent["where"]["$and"][0] == client_where
 
 
 def test_policy_failure_stops_startup(tmp_path: Path, ledger: SQLiteLedger) -> None:

@@ -60,8 +60,11 @@ def world(tmp_path: Path) -> tuple[Any, ReadRowsLedger, str]:
             Row("chroma", CID, "theirs", "t", "blue", "t/blue/c", "agent", "t/blue/c", 1)]
     ledger.reserve_rows(rows)
     ledger.activate_rows("chroma", CID, [r.row_id for r in rows])
+    # ID_PUSHDOWN_MAX=0: the get's pushdown stays the metadata filter, as `reply` answers every read with all
+    # three rows (an id list would have the rows it names read early, `test_early_prefetch.py`)
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", reconcile_interval_s=0,
-                              policy_watch_interval_s=0), transport=httpx.MockTransport(reply), ledger=ledger)
+                              policy_watch_interval_s=0, id_pushdown_max=0), transport=httpx.MockTransport(reply),
+                     ledger=ledger)
     return app.state.services, ledger, key
 
 

@@ -129,7 +129,7 @@ def test_upstream_call_appends_exact_only_for_an_orjson_answer() -> None:
         return seen
     assert asyncio.run(main()) == {
         "/ok": ("{'ids': ['a']}", [True]), "/nan": ("{'ids': [nan]}", [False]), "/empty": ("None", []),
-        "/bad": ("UpstreamError", []), "/client": ("BackendClientError", []), "/junk": ("UpstreamError", [])}
+        "/bad": ("BackendServerError", []), "/client": ("BackendClientError", []), "/junk": ("UpstreamError", [])}
 
 
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", '"\\ud800"'])

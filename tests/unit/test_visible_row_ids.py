@@ -1,0 +1,150 @@
+"""`Ledger.visible_row_ids` — the visibility filter over the ledger's own columns, the id-list form of the
+pushdown (docs/design.md §2.7) — on SQLite and on a real PostgreSQL, against the reference predicate written
+out here from docs/design.md §3 (`auth`, tenant and status included) and against the planner's estimate
+(`sidecar.planner.admitted_count` of the same rows' `visibility_counts`): rows of every scope, status, fleet,
+owner and readers list (names with quotes, JSON escapes and non-ASCII), principals of every kind and trust, and
+the limit (None exactly when more rows qualify)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.backends.chroma import visibility_reader
+from sidecar.governance import Principal, Row
+from sidecar.ledger.postgres import PostgresLedger
+from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, SQLiteLedger, _row_to_db
+from sidecar.planner import admitted_count
+from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
+
+TENANTS = ["t", "u"]
+FLEETS = ["f", "g", 'q"x']
+AGENTS = ["a", "b", "é\\n"]
+UIDS = [f"{t}/{f}/{a}" for t in TENANTS for f in FLEETS for a in AGENTS]
+
+rows = st.builds(
+    lambda i, tenant, fleet, owner, scope, status, readers: Row(
+        "chroma", "c", f"r{i}", tenant, fleet, owner, scope, owner, 1, status, readers=readers),
+    st.integers(0, 10**6), st.sampled_from(TENANTS), st.sampled_from(FLEETS), st.sampled_from(UIDS),
+    st.sampled_from(["agent", "fleet", "tenant", "restricted", "other"]),
+    st.sampled_from(["active", "superseded", "pending", "deleted"]),
+    st.lists(st.sampled_from(UIDS), max_size=3, unique=True).map(tuple))
+principals = st.one_of(
+    st.builds(lambda t, f, a, trust: Principal("agent", "k", t, f, a, trust),
+              st.sampled_from(TENANTS), st.sampled_from(FLEETS), st.sampled_from(AGENTS), st.integers(0, 3)),
+    st.builds(lambda t: Principal("admin", "k1", t), st.sampled_from(TENANTS)),
+    st.just(Principal("operator", "k2", "")))
+
+
+def reference(p: Principal, batch: list[Row], wide: bool) -> set[str]:
+    """docs/design.md §3's `auth` without Cedar: same tenant, not deleted (nor pending: never servable), and
+    agent → the owner, fleet → the fleet or trust ≥ 2, tenant → anyone, restricted → a named reader; the whole
+    tenant for a tenant admin or the tenant-only filter (`wide`)."""
+    me = p.uid[1]
+    out = set()
+    for r in batch:
+        if r.tenant != p.tenant or r.status in ("deleted", "pending"):
+            continue
+        if wide or p.kind == "admin" or r.scope == "tenant" or (r.scope == "agent" and r.owner == me) \
+                or (r.scope == "fleet" and (r.fleet == p.fleet or p.trust >= 2)) \
+                or (r.scope == "restricted" and me in r.readers):
+            out.add(r.row_id)
+    return out
+
+
+@pytest.fixture(params=["sqlite", "postgres"], scope="module")
+def ledger(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if request.param == "sqlite":
+        led: Any = SQLiteLedger(tmp_path_factory.mktemp("vis") / "l.db")
+    else:
+        led = PostgresLedger(request.getfixturevalue("pg_url"), schema=fresh_schema(), min_size=0, max_size=2)
+    yield led
+    led.close()
+
+
+_collections = itertools.count()
+
+
+def store(ledger: Any, batch: list[Row]) -> str:
+    """`batch` as the rows of a new collection, written as stored rows are (`_row_to_db`)."""
+    collection = f"c{next(_collections)}"
+    sqlite = isinstance(ledger, SQLiteLedger)
+    ph = "?" if sqlite else "%s"
+    sql = f"INSERT INTO rows ({_ROW_COLUMNS}) VALUES ({','.join([ph] * _N_ROW_COLUMNS)}) ON CONFLICT DO NOTHING"
+    values = []
+    for row in batch:
+        v = list(_row_to_db(row, 7))
+        v[1] = collection
+        values.append(v)
+    if sqlite:
+        with ledger._lock:  # noqa: SLF001
+            ledger._db.executemany(sql, values)  # noqa: SLF001
+    else:
+        with ledger._tx() as db:  # noqa: SLF001
+            db.cursor().executemany(sql, values)
+    return collection
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(rows, max_size=25, unique_by=lambda r: r.row_id), principals, st.booleans(), st.integers(0, 30))
+def test_visible_row_ids_is_the_reference_predicate(ledger: Any, batch: list[Row], p: Principal, wide: bool,
+                                                     limit: int) -> None:
+    collection = store(ledger, batch)
+    mode = "tenant" if wide else "scope"
+    expected = reference(p, batch, wide)
+    got = ledger.visible_row_ids("chroma", collection, p.tenant, visibility_reader(p, mode), limit)
+    if len(expected) > limit:
+        assert got is None
+    else:
+        assert got is not None and sorted(got) == sorted(expected)
+    # another backend's or collection's rows are never listed
+    assert ledger.visible_row_ids("mem0", collection, p.tenant, visibility_reader(p, mode), 10**6) == []
+    assert ledger.visible_row_ids("chroma", collection + "x", p.tenant, visibility_reader(p, mode), 10**6) == []
+    # the planner's estimate from the collection's counts is the same number when the rows are the tenant's
+    own = [r for r in batch if r.tenant == p.tenant]
+    if own == batch and p.kind != "operator":
+        counts = ledger.visibility_counts("chroma", collection)
+        assert admitted_count(p, counts, wide) == len(expected)
+
+
+def test_limit_is_exact(ledger: Any) -> None:
+    """`limit` rows qualify: listed; one more: None. Deleted and pending rows count for neither."""
+    batch = [Row("chroma", "c", f"r{i}", "t", "f", "t/f/a", "tenant", "t/f/a", 1) for i in range(5)]
+    batch += [Row("chroma", "c", f"d{i}", "t", "f", "t/f/a", "tenant", "t/f/a", 1, status) for i, status in
+              enumerate(["deleted", "pending"])]
+    collection = store(ledger, batch)
+    reader = visibility_reader(Principal("agent", "k", "t", "g", "z", 0), "scope")
+    assert sorted(ledger.visible_row_ids("chroma", collection, "t", reader, 5) or []) == [f"r{i}" for i in range(5)]
+    assert ledger.visible_row_ids("chroma", collection, "t", reader, 4) is None
+    assert ledger.visible_row_ids("chroma", collection, "t", reader, 0) is None
+    assert ledger.visible_row_ids("chroma", collection, "u", reader, 5) == []
+
+
+def test_reader_of_each_principal_kind() -> None:
+    """The reader side follows `visibility_where`: the tenant filter alone for admins and mode ``tenant``."""
+    agent = Principal("agent", "k", "t", "f", "a", 2)
+    assert visibility_reader(agent, "scope") == ("t/f/a", "f", True)
+    assert visibility_reader(Principal("agent", "k", "t", "f", "a", 1), "scope") == ("t/f/a", "f", False)
+    assert visibility_reader(agent, "tenant") is None
+    assert visibility_reader(Principal("admin", "k", "t"), "scope") is None
+
+
+def test_sqlite_file_roundtrip(tmp_path: Path) -> None:
+    """Rows written through the ledger's own write path (reserve, activate) are listed once active."""
+    led = SQLiteLedger(tmp_path / "l.db")
+    try:
+        row = Row("chroma", "c", "r1", "t", "f", "t/f/a", "restricted", "t/f/a", 1, readers=("t/g/b",))
+        assert led.reserve_rows([row]) == []
+        reader_b = visibility_reader(Principal("agent", "k", "t", "g", "b", 0), "scope")
+        assert led.visible_row_ids("chroma", "c", "t", reader_b, 10) == []  # pending
+        led.activate_rows("chroma", "c", ["r1"])
+        assert led.visible_row_ids("chroma", "c", "t", reader_b, 10) == ["r1"]
+        reader_c = visibility_reader(Principal("agent", "k", "t", "g", "c", 0), "scope")
+        assert led.visible_row_ids("chroma", "c", "t", reader_c, 10) == []
+    finally:
+        led.close()
