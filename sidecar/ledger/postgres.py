@@ -50,6 +50,7 @@ from sidecar.ledger.sqlite import (
     MIGRATION_5_ROLES,
     MIGRATION_6_LISTING_KEYS,
     MIGRATION_7_COLLECTION_INTENTS,
+    MIGRATION_8_VISIBILITY,
     _activate,
     _intent_from_db,
     _intent_to_db,
@@ -117,6 +118,8 @@ MIGRATIONS: list[str] = [
     MIGRATION_6_LISTING_KEYS,
     # Version 7: collection creates in flight.
     MIGRATION_7_COLLECTION_INTENTS.replace("created_at INTEGER", "created_at BIGINT"),
+    # Version 8: the visibility filter's rows by index (`visible_row_ids`).
+    MIGRATION_8_VISIBILITY,
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -1031,7 +1034,10 @@ class PostgresLedger:
                                        reader, limit)
         with self._conn() as db:
             cur = db.cursor(row_factory=tuple_row)
-            return _visible(cur.execute(sql, args).fetchall(), limit)  # type: ignore[arg-type]
+            # Never prepared: the generic plan PostgreSQL settles on for a prepared statement (after five runs)
+            # does not see the reader's values, and read 8.5 ms on a 20,000-row collection where the custom plan,
+            # planned anew each time, takes 1.3 ms in all.
+            return _visible(cur.execute(sql, args, prepare=False).fetchall(), limit)  # type: ignore[arg-type]
 
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""

@@ -104,6 +104,17 @@ MIGRATION_7_COLLECTION_INTENTS = """
     );
     CREATE INDEX collection_intents_name ON collection_intents (backend, tenant, database, name);
 """
+# Version 8: the rows the visibility filter admits in a collection (`visible_row_ids`), found per scope — tenant
+# rows, an owner's agent rows, a fleet's fleet rows, restricted rows — instead of by reading every row of the
+# collection. One partial index per scope (together about the size of one index on rows), each holding what the
+# statement reads but readers, so only restricted rows are read from the table; and no index another scope's
+# branch could pick by mistake when the planner has no statistics yet.
+MIGRATION_8_VISIBILITY = """
+    CREATE INDEX rows_visible_tenant ON rows (backend, collection_id, tenant, status, row_id) WHERE scope = 'tenant';
+    CREATE INDEX rows_visible_agent ON rows (backend, collection_id, owner, tenant, status, row_id) WHERE scope = 'agent';
+    CREATE INDEX rows_visible_fleet ON rows (backend, collection_id, fleet, tenant, status, row_id) WHERE scope = 'fleet';
+    CREATE INDEX rows_visible_restricted ON rows (backend, collection_id, tenant, status, row_id) WHERE scope = 'restricted';
+"""
 SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -145,6 +156,7 @@ MIGRATIONS: list[str] = [
     MIGRATION_5_ROLES,
     MIGRATION_6_LISTING_KEYS,
     MIGRATION_7_COLLECTION_INTENTS,
+    MIGRATION_8_VISIBILITY,
 ]
 
 def _intent_to_db(i: CollectionIntent) -> tuple[Any, ...]:
@@ -804,16 +816,21 @@ def _visible_ids_query(ph: str, reads_json: str, backend: str, collection_id: st
                        limit: int) -> tuple[str, tuple[Any, ...]]:
     """The statement of `visible_row_ids` (shared by both ledgers): `ph` is the placeholder, `reads_json` the
     dialect's "readers (JSON array text) holds the string ``{ph}``" test."""
-    sql = (f"SELECT row_id FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
-           "AND status NOT IN ('deleted', 'pending')")
-    args: tuple[Any, ...] = (backend, collection_id, tenant)
-    if reader is not None:
-        uid, fleet, any_fleet = reader
-        fleet_test = "scope = 'fleet'" if any_fleet else f"(scope = 'fleet' AND fleet = {ph})"
-        sql += (f" AND (scope = 'tenant' OR (scope = 'agent' AND owner = {ph}) OR {fleet_test}"
-                f" OR (scope = 'restricted' AND {reads_json}))")
-        args += (uid,) + (() if any_fleet else (fleet,)) + (uid,)
-    return sql + f" LIMIT {ph}", args + (limit + 1,)
+    base = (f"SELECT row_id FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
+            "AND status NOT IN ('deleted', 'pending')")
+    common: tuple[Any, ...] = (backend, collection_id, tenant)
+    if reader is None:
+        return f"{base} LIMIT {ph}", common + (limit + 1,)
+    uid, fleet, any_fleet = reader
+    # One branch per scope (the scopes exclude each other: no row is listed twice), each an index range
+    # (migration 8): tenant rows, the reader's own agent rows, fleet rows (of its fleet), restricted rows naming it.
+    parts = [(f"{base} AND scope = 'tenant'", common),
+             (f"{base} AND scope = 'agent' AND owner = {ph}", common + (uid,)),
+             (f"{base} AND scope = 'fleet'", common) if any_fleet else
+             (f"{base} AND scope = 'fleet' AND fleet = {ph}", common + (fleet,)),
+             (f"{base} AND scope = 'restricted' AND {reads_json}", common + (uid,))]
+    sql = " UNION ALL ".join(q for q, _ in parts) + f" LIMIT {ph}"
+    return sql, tuple(a for _, args in parts for a in args) + (limit + 1,)
 
 
 def _visible(rows: list[Any], limit: int) -> list[str] | None:

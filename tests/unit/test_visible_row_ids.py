@@ -148,3 +148,22 @@ def test_sqlite_file_roundtrip(tmp_path: Path) -> None:
         assert led.visible_row_ids("chroma", "c", "t", reader_c, 10) == []
     finally:
         led.close()
+
+
+def test_sqlite_reads_the_visibility_indexes_not_the_collection(tmp_path: Path) -> None:
+    """Each branch of the statement is a range of its scope's partial index (migration 8), so its cost follows
+    the rows admitted, not the collection's size: no branch scans the table."""
+    from sidecar.ledger.sqlite import _visible_ids_query
+
+    led = SQLiteLedger(tmp_path / "l.db")
+    try:
+        for any_fleet in (False, True):
+            sql, args = _visible_ids_query("?", "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)",
+                                           "chroma", "c", "t", ("t/f/a", "f", any_fleet), 10)
+            plan = [r[3] for r in led._db.execute("EXPLAIN QUERY PLAN " + sql, args)]  # noqa: SLF001
+            used = {name for name in ("rows_visible_tenant", "rows_visible_agent", "rows_visible_fleet",
+                                      "rows_visible_restricted") if any(name in line for line in plan)}
+            assert len(used) == 4, plan
+            assert not any(line.startswith("SCAN rows") for line in plan), plan
+    finally:
+        led.close()
