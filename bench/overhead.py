@@ -11,6 +11,7 @@ PostgreSQL ledger; then again after a second, larger tenant was written to the s
     .venv/bin/python bench/overhead.py [--rows 2000] [--dim 384] [--seconds 3] [--ledgers sqlite,postgres]
         [--big-rows 20000] [--ops get,q1,q10,q50] [--clients 1,16] [--readable 100,10,1]
         [--plans pushdown,...] [--pg postgresql://postgres@127.0.0.1:5432/postgres] [--json out.json] [--core]
+    .venv/bin/python bench/overhead.py --report out.json     # the targets of a saved run, nothing run
 
 ``--core`` adds ``bench/core_passthrough.py`` to every cell: memwarden's own server stack and forward
 stage with no governance (the floor of this code base, between the raw passthrough and memwarden).
@@ -306,6 +307,51 @@ def print_cell(cell: dict[str, Any], plans: list[str]) -> None:
     print(head, " | ".join(parts), flush=True)
 
 
+TARGET_P50_MS = {"get": 0.5, "q10": 1.5}  # added p50 at 1 client, 100 % readable
+TARGET_XP = 0.85  # throughput over the passthrough at 16 clients, 100 % readable
+FIXED_PLANS = ("pushdown", "postfilter-first")
+
+
+def report(results: list[dict[str, Any]]) -> int:
+    """Print every cell of the targets of issue #17 with its figure and whether it is met: added p50 of ``auto`` at
+    one client and 100 % readable (get ≤ +0.5 ms, query k=10 ≤ +1.5 ms), throughput over the passthrough at 16
+    clients and 100 % readable (≥ 0.85), and at 10 % and 1 % readable ``auto`` against the better fixed plan
+    (backend calls per request no more; p50 and throughput as ratios, noise included). Returns the cells met."""
+    met = total = 0
+    print("\ntargets (auto at 100 % readable; auto against the better fixed plan below it):")
+    for c in results:
+        auto = c.get("mw:auto")
+        if auto is None:
+            continue
+        head = f"{c['ledger']:<8} {c['tenants']:<5} {c['op']:<4} {c['readable']:>3}% {c['clients']:>2}c"
+        if c["readable"] == 100:
+            if c["clients"] == 1 and c["op"] in TARGET_P50_MS:
+                added, goal = auto["p50"] - c["direct"]["p50"], TARGET_P50_MS[c["op"]]
+                ok = added <= goal
+                line = f"added p50 {added:+.2f} ms (target <= +{goal} ms)"
+            elif c["clients"] > 1:
+                xp = auto["rps"] / c["passthrough"]["rps"]
+                ok = xp >= TARGET_XP
+                line = f"{xp:.2f}xP (target >= {TARGET_XP}xP)"
+            else:
+                continue
+        else:
+            fixed = [(p, c[f"mw:{p}"]) for p in FIXED_PLANS if f"mw:{p}" in c]
+            if not fixed:
+                continue
+            best_p50 = min(m["p50"] for _, m in fixed)
+            best_rps = max(m["rps"] for _, m in fixed)
+            best_calls = min(m["backend_calls"] for _, m in fixed)
+            ok = auto["backend_calls"] <= best_calls + 0.02
+            line = (f"calls {auto['backend_calls']:.2f} vs {best_calls:.2f}, p50 {auto['p50'] / best_p50:.2f}x and "
+                    f"throughput {auto['rps'] / best_rps:.2f}x the better fixed plan's")
+        met += ok
+        total += 1
+        print(f"{head}  {line}  {'met' if ok else 'MISSED'}")
+    print(f"targets met: {met}/{total}")
+    return met
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2000)
@@ -319,9 +365,13 @@ def main() -> None:
     ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--pg", default=os.environ.get("MW_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--report", type=Path, help="print the targets of a run saved with --json, and run nothing")
     ap.add_argument("--core", action="store_true",
                     help="also measure bench/core_passthrough.py (memwarden's server core without governance)")
     args = ap.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return
     args.ops = args.ops.split(",")
     args.clients = [int(x) for x in args.clients.split(",")]
     args.readable = [int(x) for x in args.readable.split(",")]
@@ -349,6 +399,7 @@ def main() -> None:
                 phase.stop()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    report(results)
 
 
 if __name__ == "__main__":

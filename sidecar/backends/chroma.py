@@ -977,10 +977,11 @@ class ChromaProfile:
 
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
-                    keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
+                    keep: Any, early: bool = True) -> tuple[list[dict[str, Any]], list[str] | None]:
         """Page through Chroma get and keep rows for which ``keep(batch_ids) -> set`` holds.
 
-        Applies `offset`/`limit` over kept rows. Returns (rows, included).
+        Applies `offset`/`limit` over kept rows. Returns (rows, included). `early`: the ledger rows of `ids` (at
+        most a page of them) may be read while Chroma answers the first page.
         """
         if limit == 0:
             return [], None
@@ -990,7 +991,8 @@ class ChromaProfile:
         backend_offset = 0
         included = None
         # Ids named by the client: their ledger rows are read while Chroma answers (`start_prefetch`).
-        early = self.authz.start_prefetch(ex, BACKEND, rec.collection_id, ids) if ids and len(ids) <= page else None
+        early = self.authz.start_prefetch(ex, BACKEND, rec.collection_id, ids) if early and ids and len(ids) <= page \
+            else None
         try:
             while backend_offset < self.settings.max_scan_rows:
                 req: dict[str, Any] = {"ids": ids, "where": where, "where_document": where_document,
@@ -1086,9 +1088,13 @@ class ChromaProfile:
                                     offset=offset, limit=limit, keep=keep)
         mode = self.authz.pushdown(self.settings.pushdown)
         b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, ids, where, mode)
+        # an id list's rows are read early (while Chroma answers) only when the read will use them all: no client
+        # filter and no page shorter than the list
+        early = not by_ids or (b_ids is not None and client_where is None and where_document is None
+                               and (limit is None or offset + limit >= len(b_ids)))
         try:
             return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
-                                    offset=offset, limit=limit, keep=keep)
+                                    offset=offset, limit=limit, keep=keep, early=early)
         except BackendServerError:
             if not by_ids:
                 raise

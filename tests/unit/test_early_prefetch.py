@@ -39,7 +39,7 @@ class NotingLedger(SQLiteLedger):
         return super().get_rows(backend, collection_id, row_ids)
 
 
-def world(tmp_path: Path, reply: Any) -> tuple[TestClient, NotingLedger, str]:
+def world(tmp_path: Path, reply: Any, **settings: Any) -> tuple[TestClient, NotingLedger, str]:
     ledger = NotingLedger(tmp_path / "l.db")
     ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     _, key = ledger.create_key("agent", "t", "red", "a", 1)
@@ -51,7 +51,7 @@ def world(tmp_path: Path, reply: Any) -> tuple[TestClient, NotingLedger, str]:
     ledger.activate_rows("chroma", CID, [r.row_id for r in rows])
     ledger.tombstone("chroma", CID, ["gone"], "t/red/a", "req")
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", reconcile_interval_s=0,
-                              policy_watch_interval_s=0), transport=httpx.MockTransport(reply), ledger=ledger)
+                              policy_watch_interval_s=0, **settings), transport=httpx.MockTransport(reply), ledger=ledger)
     return TestClient(app), ledger, key
 
 
@@ -78,18 +78,44 @@ def test_the_ledger_is_read_while_chroma_answers_and_the_answer_is_unchanged(tmp
 
 
 def test_a_get_without_ids_reads_the_ledger_after_the_backend(tmp_path: Path) -> None:
+    """Under the metadata filter (``ID_PUSHDOWN_MAX=0``) no row is named before the backend answers."""
     order: list[int] = []
 
     async def reply(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.05)
         order.append(len(ledger.reads))
         body = chroma_rows(["mine", "fleet"]) if b'"offset":0' in request.content.replace(b" ", b"") else chroma_rows([])
         return httpx.Response(200, json=body)
 
-    client, ledger, key = world(tmp_path, reply)
+    client, ledger, key = world(tmp_path, reply, id_pushdown_max=0)
     got = client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key})
     assert got.status_code == 200, got.text
     assert sorted(got.json()["ids"]) == ["fleet", "mine"]
     assert order[0] == 0  # nothing to read before the backend names the rows
+
+
+def test_a_get_by_the_id_list_reads_the_listed_rows_early_unless_it_pages(tmp_path: Path) -> None:
+    """Under the id list the rows are named before the backend answers: read meanwhile for a whole read (every
+    listed row may be served), not for a page shorter than the list nor under a client filter."""
+    order: list[int] = []
+    bodies: list[Any] = []
+
+    async def reply(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.05)
+        order.append(len(ledger.reads))
+        bodies.append(httpx.Request("POST", "http://x", content=request.content).read())
+        return httpx.Response(200, json=chroma_rows(["mine", "fleet"]))
+
+    client, ledger, key = world(tmp_path, reply)
+    got = client.post(f"{BASE}/get", json={}, headers={"X-API-Key": key})
+    assert got.status_code == 200 and sorted(got.json()["ids"]) == ["fleet", "mine"]
+    assert order == [1] and sorted(ledger.reads[0]) == ["fleet", "mine"]  # the listed rows, before the answer
+    for body in ({"limit": 1}, {"where": {"k": "v"}}):
+        ledger.reads.clear()
+        order.clear()
+        got = client.post(f"{BASE}/get", json=body, headers={"X-API-Key": key})
+        assert got.status_code == 200, got.text
+        assert order == [0], body  # nothing read before the backend answered
 
 
 def test_a_failing_backend_answers_its_error_and_the_early_read_is_dropped(tmp_path: Path) -> None:
