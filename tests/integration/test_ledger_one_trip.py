@@ -1,7 +1,8 @@
 """One ledger round trip per read on PostgreSQL: two real `memwarden serve` replicas on one PostgreSQL schema —
 A with the hot-path reads in a worker thread (``MEMWARDEN_LEDGER_ASYNC=false``), B on psycopg's asynchronous
-pool — in front of one Chroma. A warm get/query/count makes exactly one ledger call (`read_rows`: the key
-re-check, the rows and their owners in one statement), both replicas answer exactly alike, and a key revoked
+pool — in front of one Chroma. A warm get/query/count makes exactly one `read_rows` call (the key re-check, the
+rows and their owners in one statement), plus, for a read under the visibility filter, the listing of the
+admitted rows (`visible_row_ids`, the id-list form of the filter; none with ``ID_PUSHDOWN_MAX=0``), both replicas answer exactly alike, and a key revoked
 behind the replicas' backs (no notification reaches them, so the principal they verified is still in memory)
 fails the very next request with 401 on every read path, nothing served."""
 
@@ -94,6 +95,7 @@ def pair(pg_url: str, chroma_server: Server, tmp_path_factory: pytest.TempPathFa
 
 
 OPS = ["get", "get-none", "get-all", "query", "count"]
+PUSHED = ["get-all", "query", "count"]  # the reads of OPS under the visibility filter (sent as the ledger's id list)
 
 
 def test_both_paths_answer_alike_with_one_ledger_call_per_read(pair: Pair) -> None:
@@ -107,7 +109,9 @@ def test_both_paths_answer_alike_with_one_ledger_call_per_read(pair: Pair) -> No
         answers[side.port] = [(r.status_code, r.json()) for r in (pair.call(side, key, op) for op in OPS)]
         after = ledger_calls(side)
         delta = {m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)}
-        assert delta == {"read_rows": len(OPS)}, delta  # no authenticate, no get_rows/agent_entities of their own
+        # no authenticate, no get_rows/agent_entities of their own; the reads that push the visibility filter
+        # down (get without ids, count, the query's pushdown) list the admitted rows first (`visible_row_ids`)
+        assert delta == {"read_rows": len(OPS), "visible_row_ids": len(PUSHED)}, delta
     a, b = answers[pair.a.port], answers[pair.b.port]
     assert a == b
     got = dict(zip(OPS, a))
@@ -152,11 +156,12 @@ def test_a_revoked_key_is_refused_on_writes_too(pair: Pair) -> None:
 
 
 def test_inline_ledger_calls_are_one_trip_too(pair: Pair, chroma_server: Server, tmp_path: Path) -> None:
-    """With ``LEDGER_OFF_LOOP=false`` (PostgreSQL calls inline on the loop) a warm read is still one
-    `read_rows` statement, with the same answers."""
+    """With ``LEDGER_OFF_LOOP=false`` (PostgreSQL calls inline on the loop) and the visibility filter always as
+    Chroma's metadata filter (``ID_PUSHDOWN_MAX=0``), a warm read is one `read_rows` statement, with the same
+    answers as a replica that sends the id list."""
     env = {"MEMWARDEN_LEDGER_URL": pair.url, "MEMWARDEN_LEDGER_SCHEMA": pair.schema, "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
            "MEMWARDEN_LEDGER_POOL_MIN": "0", "MEMWARDEN_LEDGER_POOL_MAX": "1", "MEMWARDEN_LEDGER_CACHE_TTL_S": "60",
-           "MEMWARDEN_LEDGER_OFF_LOOP": "false"}
+           "MEMWARDEN_LEDGER_OFF_LOOP": "false", "MEMWARDEN_ID_PUSHDOWN_MAX": "0"}
     c = start_sidecar(chroma_server.url, tmp_path / "c.db", POLICIES, extra_env=env)
     try:
         _, key = pair.key("agent", "red", f"i{uuid.uuid4().hex[:6]}")
