@@ -92,6 +92,7 @@ class _Stats:
     # `admitted_share` of `counts` per (wide, kind, uid, trust, fleet) — what it reads of a principal: kept
     # with these counts, so a refresh (a new entry) drops it.
     shares: dict[tuple[Any, ...], float | None] = field(default_factory=dict)
+    admitted: dict[tuple[Any, ...], int] = field(default_factory=dict)  # `admitted_count`, kept the same way
 
 
 class QueryPlanner:
@@ -161,7 +162,15 @@ class QueryPlanner:
         entry = self._stats.get(collection_id)
         if entry is None or time.monotonic() - entry.loaded_at > self.ttl_s:
             return None
-        return admitted_count(p, entry.counts, wide)
+        key = (wide, p.kind, p.uid[1], p.trust, p.fleet)
+        kept = entry.admitted
+        n = kept.get(key)
+        if n is None:
+            n = admitted_count(p, entry.counts, wide)
+            if len(kept) >= 4096:
+                kept.clear()
+            kept[key] = n
+        return n
 
     def _pushdown(self, k: int) -> Plan:
         plan = self._pushdowns.get(k)

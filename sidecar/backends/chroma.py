@@ -1059,13 +1059,15 @@ class ChromaProfile:
         # With explicit ids the rows are already named: Cedar filters them and no pushdown is needed
         # for recall (Chroma's filtered get costs more than the ids lookup).
         client_where = body.get("where")
-        where = self._where(ex, client_where) if ids is None else client_where
-        if where is not None and not isinstance(where, dict):
-            raise BadRequest("where must be an object")
-        rows, included = await self._scan_pushed(
-            ex, rec, ids=ids, client_where=client_where, where=where, pushed=ids is None,
-            where_document=body.get("where_document"), include=include, offset=offset, limit=limit,
-            keep=self._keep(ex, rec))
+        if ids is None:
+            rows, included = await self._scan_pushed(ex, rec, client_where, body.get("where_document"), include,
+                                                     offset, limit, self._keep(ex, rec))
+        else:
+            if client_where is not None and not isinstance(client_where, dict):
+                raise BadRequest("where must be an object")
+            rows, included = await self._scan(
+                ex, rec, ids=ids, where=client_where, where_document=body.get("where_document"),
+                include=include, offset=offset, limit=limit, keep=self._keep(ex, rec))
         self._decorate(ex, rec, rows)
         template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
         ex.row_ids = [r["ids"] for r in rows]
@@ -1073,25 +1075,22 @@ class ChromaProfile:
 
     async def op_count(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "list")
-        rows, _ = await self._scan_pushed(
-            ex, rec, ids=None, client_where=None, where=self._where(ex, None), pushed=True, where_document=None,
-            include=[], offset=0, limit=None, keep=self._keep(ex, rec))
+        rows, _ = await self._scan_pushed(ex, rec, None, None, [], 0, None, self._keep(ex, rec))
         return 200, len(rows)
 
-    async def _scan_pushed(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, client_where: Any,
-                           where: Any, pushed: bool, where_document: Any, include: Any, offset: int,
-                           limit: int | None, keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
-        """`_scan` of a get or count; with `pushed` (`where` holds the visibility filter) its form is chosen by
-        `_pushdown`, and a backend 5xx on an id list is answered by the same scan under `where` (`_id_plan_failed`)."""
-        if not pushed:
-            return await self._scan(ex, rec, ids=ids, where=where, where_document=where_document, include=include,
-                                    offset=offset, limit=limit, keep=keep)
+    async def _scan_pushed(self, ex: Exchange, rec: CollectionRecord, client_where: Any, where_document: Any,
+                           include: Any, offset: int, limit: int | None,
+                           keep: Any) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` of a get without ids or a count, under the caller's visibility filter in the form `_pushdown`
+        chooses; a backend 5xx on an id list is answered by the same scan under the metadata filter
+        (`_id_plan_failed`). Raises `BadRequest` (400) for a `client_where` that is not an object."""
         mode = self.authz.pushdown(self.settings.pushdown)
-        b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, ids, where, mode)
+        where = self._where(ex, client_where, mode)
+        b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, None, where, mode)
         # an id list's rows are read early (while Chroma answers) only when the read will use them all: no client
         # filter and no page shorter than the list
-        early = not by_ids or (b_ids is not None and client_where is None and where_document is None
-                               and (limit is None or offset + limit >= len(b_ids)))
+        early = b_ids is not None and client_where is None and where_document is None \
+            and (limit is None or offset + limit >= len(b_ids))
         try:
             return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
                                     offset=offset, limit=limit, keep=keep, early=early)
@@ -1099,7 +1098,7 @@ class ChromaProfile:
             if not by_ids:
                 raise
             self._id_plan_failed(rec)
-        return await self._scan(ex, rec, ids=ids, where=where, where_document=where_document, include=include,
+        return await self._scan(ex, rec, ids=None, where=where, where_document=where_document, include=include,
                                 offset=offset, limit=limit, keep=keep)
 
     async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:

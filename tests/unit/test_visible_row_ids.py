@@ -167,3 +167,37 @@ def test_sqlite_reads_the_visibility_indexes_not_the_collection(tmp_path: Path) 
             assert not any(line.startswith("SCAN rows") for line in plan), plan
     finally:
         led.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(rows, max_size=25), st.lists(st.tuples(principals, st.booleans()), min_size=1, max_size=8))
+def test_planner_estimate_is_kept_per_principal_and_counts(batch: list[Row], asks: list[tuple[Principal, bool]]) -> None:
+    """`QueryPlanner.admitted_rows` answers `admitted_count` of the kept counts for every principal, asked in any
+    order and again (its memo keyed by what `admits` reads of a principal), and nothing before counts are kept."""
+    from sidecar.planner import QueryPlanner
+
+    counts: dict[tuple[Any, ...], int] = {}
+    for r in batch:
+        k = (r.scope, r.fleet, r.owner, r.readers, r.status)
+        counts[k] = counts.get(k, 0) + 1
+    flat = [(*k, n) for k, n in counts.items()]
+    planner = QueryPlanner("auto", 2, 1000, lambda cid: flat)
+    assert planner.admitted_rows(asks[0][0], "c") is None  # nothing kept, nothing read
+    planner.warm("c", flat)
+    for p, wide in asks + asks:
+        assert planner.admitted_rows(p, "c", wide) == admitted_count(p, flat, wide)
+
+
+def test_planner_estimate_tells_apart_what_admits_reads() -> None:
+    """The same agent at another trust, fleet or kind, or in tenant mode, is not answered from another's memo."""
+    from sidecar.planner import QueryPlanner
+
+    flat = [("fleet", "g", "t/g/b", (), "active", 3), ("agent", "f", "t/f/a", (), "active", 2),
+            ("restricted", "g", "t/g/b", ("t/f/a",), "active", 5), ("tenant", "g", "t/g/b", (), "deleted", 7)]
+    planner = QueryPlanner("auto", 2, 1000, lambda cid: flat)
+    planner.warm("c", flat)
+    asks = [(Principal("agent", "k", "t", "f", "a", 1), False, 7), (Principal("agent", "k", "t", "f", "a", 2), False, 10),
+            (Principal("agent", "k", "t", "f", "a", 1), True, 10), (Principal("agent", "k", "t", "g", "a", 1), False, 3),
+            (Principal("admin", "k", "t"), False, 10)]
+    for p, wide, n in asks + asks:
+        assert planner.admitted_rows(p, "c", wide) == n == admitted_count(p, flat, wide)
