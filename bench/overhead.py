@@ -2,7 +2,9 @@
 
 Side by side on one Chroma server: **direct** Chroma, the thinnest Python **passthrough**
 (`bench/passthrough.py`, the floor of one Python hop) and **memwarden** under each query plan
-(`MEMWARDEN_QUERY_PLAN`; ``pushdown-where``: the pushdown as Chroma's metadata filter, never the ledger's id list),
+(`MEMWARDEN_QUERY_PLAN`; ``pushdown-where``: the pushdown as Chroma's metadata filter, never the ledger's id list;
+on request, ``auto-two-trips``: auto with ``ID_PUSHDOWN_INLINE_MAX=0``, a short id list and its rows read in two
+statements instead of one),
 for get-by-id (1 id) and query k = 1/10/50, at 1 and 16 clients, over
 collections where 100 %, 10 % and 1 % of the rows are readable by the caller; on the SQLite and the
 PostgreSQL ledger; then again after a second, larger tenant was written to the same Chroma server
@@ -61,8 +63,9 @@ LUA = HERE / "post_bodies.lua"
 # Each query plan (`MEMWARDEN_QUERY_PLAN`), plus ``pushdown-where``: the pushdown always sent as Chroma's metadata
 # ``where`` (``ID_PUSHDOWN_MAX=0``), where the other plans send the ledger's id list of the admitted rows when short.
 PLAN_ENV = {**{p: {"MEMWARDEN_QUERY_PLAN": p} for p in typing.get_args(Settings.model_fields["query_plan"].annotation)},
-            "pushdown-where": {"MEMWARDEN_QUERY_PLAN": "pushdown", "MEMWARDEN_ID_PUSHDOWN_MAX": "0"}}
-PLANS = list(PLAN_ENV)
+            "pushdown-where": {"MEMWARDEN_QUERY_PLAN": "pushdown", "MEMWARDEN_ID_PUSHDOWN_MAX": "0"},
+            "auto-two-trips": {"MEMWARDEN_QUERY_PLAN": "auto", "MEMWARDEN_ID_PUSHDOWN_INLINE_MAX": "0"}}
+PLANS = [p for p in PLAN_ENV if p != "auto-two-trips"]  # the default; ``--plans`` may name auto-two-trips too
 OPS = {"get": ("get", None), "q1": ("query", 1), "q10": ("query", 10), "q50": ("query", 50)}
 
 

@@ -944,7 +944,11 @@ class ChromaProfile:
         their order: Chroma resolves an id list at a cost that does not grow with the other rows it stores, and a
         metadata filter at one that does. Every row the backend returns is still decided by the ledger and Cedar;
         the id list admits exactly the rows `visibility_where` admits over the same governance (the stamped
-        metadata is written from the ledger's row), so recall is the filter's. Otherwise (`where`, client ids)."""
+        metadata is written from the ledger's row), so recall is the filter's. Otherwise (`where`, client ids).
+
+        On PostgreSQL, when the counts say at most ``ID_PUSHDOWN_INLINE_MAX`` rows are admitted, the statement that
+        lists them reads them too (`Authorizer.visible_rows`), and the read decides on those rows: one ledger round
+        trip in all. Raises `Unauthorized` (401) when that statement finds the caller's key revoked."""
         limit = self.settings.id_pushdown_max
         if limit <= 0:
             return where, client_ids, False
@@ -957,8 +961,15 @@ class ChromaProfile:
         estimate = self.planner.admitted_rows(p, rec.collection_id, wide=mode == "tenant")
         if estimate is not None and estimate > limit:
             return where, client_ids, False
-        visible = await offloop.call(self.ledger, self.ledger.visible_row_ids, BACKEND, rec.collection_id, p.tenant,
-                                     visibility_reader(p, mode), limit)
+        reader = visibility_reader(p, mode)
+        visible = None
+        inline = min(self.settings.id_pushdown_inline_max, limit)
+        if inline > 0 and estimate is not None and estimate <= inline and self.authz.lists_rows():
+            # few rows: listed and read in one statement, kept for this read's decisions (one ledger round trip)
+            visible = await self.authz.visible_rows(ex, BACKEND, rec.collection_id, p.tenant, reader, inline)
+        if visible is None:
+            visible = await offloop.call(self.ledger, self.ledger.visible_row_ids, BACKEND, rec.collection_id,
+                                         p.tenant, reader, limit)
         if visible is None:
             return where, client_ids, False
         if client_ids is not None:
@@ -1173,6 +1184,8 @@ class ChromaProfile:
             if unfiltered:
                 self.planner.observe(self._p(ex), rec.collection_id, tally[0], tally[1])
                 unfiltered = False  # refill under the pushdown, starting again at the first size
+                if not pending:
+                    break  # the over-fetch held the top k of every list: no refill, nothing to list
                 sent = await self._pushdown(ex, rec, client_where, ids, where, mode)
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue

@@ -48,7 +48,7 @@ READ_ONLY = frozenset({
     "pending_tombstones", "ping", "visibility_counts", "visible_row_ids", "pool_stats", "schema_version", "data_version",
     "cache_version", "close", "listing_keys", "collection_intent", "refresh_statistics",
     # the asynchronous hot-path reads (`sidecar.ledger.offloop`): never cached, they read rows and keys now
-    "read_rows_async", "read_rows", "key_valid", "open_async", "aclose", "cached_collection",
+    "read_rows_async", "read_rows", "visible_rows_async", "visible_rows", "key_valid", "open_async", "aclose", "cached_collection",
 })
 
 _blake2b = hashlib.blake2b

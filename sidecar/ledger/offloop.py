@@ -163,6 +163,17 @@ async def read_rows(ledger: Any, backend: str, collection_id: str, row_ids: list
     return await call(ledger, fetch)
 
 
+async def visible_rows(ledger: Any, backend: str, collection_id: str, tenant: str,
+                       reader: tuple[str, str | None, bool] | None, limit: int, key_id: str | None = None
+                       ) -> tuple[list[str], dict[str, Row], dict[str, dict[str, Any]], bool] | None:
+    """`PostgresLedger.visible_rows` (the admitted rows' ids, their rows, their owners, the key re-check: one
+    statement), awaited on the asynchronous pool when the ledger has one, else in a worker thread (`call`).
+    Raises `LedgerUnavailable` when the ledger cannot answer."""
+    if asynchronous(ledger):
+        return await _awaited(ledger.visible_rows_async(backend, collection_id, tenant, reader, limit, key_id))
+    return await call(ledger, ledger.visible_rows, backend, collection_id, tenant, reader, limit, key_id)
+
+
 async def aclose(ledger: Any) -> None:
     """Close `ledger`'s asynchronous pool, if it has one (from the loop that used it)."""
     if hasattr(ledger, "aclose"):

@@ -61,6 +61,7 @@ from sidecar.ledger.sqlite import (
     _visible,
     _visible_ids_query,
     Reader,
+    VisibleRows,
     _names,
     _row_from_db,
     _row_from_tuple,
@@ -192,6 +193,20 @@ assert _READ_ROWS_BINARY_IDS != _READ_ROWS
 # NUL (that fails as before on the other statements).
 _READ_ONE_ROW = _READ_ROWS.replace("r.row_id = ANY(%(ids)s)", "r.row_id = %(ids)s")
 assert _READ_ONE_ROW != _READ_ROWS
+
+
+def _visible_rows_query(backend: str, collection_id: str, tenant: str, reader: Reader | None, limit: int,
+                        key_id: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The statement of `PostgresLedger.visible_rows`: `_READ_ROWS`'s columns (key_ok, the row's `_ROW_COLUMNS`,
+    its owner's agent) over the rows `_visible_ids_query` admits (at most ``limit + 1`` of them), one result row
+    with NULL row columns when none is admitted. Run unprepared, as `visible_row_ids` is."""
+    inner, args = _visible_ids_query("%s", "jsonb_exists(readers::jsonb, %s)", backend, collection_id, tenant,
+                                     reader, limit, columns=_ROW_COLUMNS)
+    sql = ("SELECT k.key_ok, " + ", ".join(f"r.{c.strip()}" for c in _ROW_COLUMNS.split(",")) + ", "
+           "a.tenant AS a_tenant, a.fleet AS a_fleet, a.agent AS a_agent, a.trust AS a_trust, a.roles AS a_roles "
+           "FROM (SELECT (%s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %s AND revoked_at IS NULL)) "
+           f"AS key_ok) AS k LEFT JOIN (({inner}) AS r LEFT JOIN agents AS a ON a.agent_uid = r.owner) ON true")
+    return sql, (key_id, key_id, *args)
 
 
 def _read_rows_query(ids: list[Any]) -> tuple[str, Any]:
@@ -610,6 +625,52 @@ class PostgresLedger:
         finally:
             await pool.putconn(conn)
         return self._read_rows_result(result, key_id)
+
+    async def visible_rows_async(self, backend: str, collection_id: str, tenant: str, reader: Reader | None,
+                                 limit: int, key_id: str | None = None) -> VisibleRows | None:
+        """`visible_rows` on the asynchronous pool: the same one statement, on the connection's binary tuple
+        cursor (`_HotConnection.rows_cursor`). Raises psycopg ``OperationalError`` as `read_rows_async`."""
+        sql, args = _visible_rows_query(backend, collection_id, tenant, reader, limit, key_id)
+        pool = self._apool
+        if pool is None or self._apool_loop is not asyncio.get_running_loop():
+            pool = await self._open_async_pool()
+        conn = await pool.getconn()
+        try:
+            cur = conn.rows_cursor
+            if cur is None:
+                cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
+            await cur.execute(sql, args, prepare=False)
+            result = await cur.fetchall()
+            await _done(conn)
+        except BaseException:
+            await _failed(conn)
+            raise
+        finally:
+            await pool.putconn(conn)
+        return self._visible_rows_result(result, limit, key_id)
+
+    def visible_rows(self, backend: str, collection_id: str, tenant: str, reader: Reader | None, limit: int,
+                     key_id: str | None = None) -> VisibleRows | None:
+        """`visible_row_ids` and `read_rows` of the ids it lists, in one round trip (one statement,
+        `_visible_rows_query`): (the admitted rows' ids, their ledger rows by id, the Cedar entities of their
+        owners the ledger knows, whether API key `key_id` exists and is not revoked now — True when None), or
+        None when more than `limit` rows are admitted. Read now, never cached. For a read whose admitted rows
+        are few, the list and the rows its answer is decided on come from one statement; for a long list,
+        reading every admitted row costs more than a second trip for the rows the backend returns
+        (docs/performance.md, round h27). Raises psycopg ``OperationalError`` when the ledger cannot answer."""
+        sql, args = _visible_rows_query(backend, collection_id, tenant, reader, limit, key_id)
+        with self._conn() as db:
+            cur = db.cursor(row_factory=tuple_row, binary=True)
+            result = cur.execute(sql, args, prepare=False).fetchall()  # type: ignore[arg-type]
+        return self._visible_rows_result(result, limit, key_id)
+
+    @classmethod
+    def _visible_rows_result(cls, result: list[tuple[Any, ...]], limit: int, key_id: str | None) -> VisibleRows | None:
+        ids = [t[_ROW_ID] for t in result if t[_ROW_ID] is not None]
+        if len(ids) > limit:
+            return None
+        rows, owners, key_ok = cls._read_rows_result(result, key_id)
+        return ids, rows, owners, key_ok
 
     async def _open_async_pool(self) -> AsyncConnectionPool:
         await self.open_async()

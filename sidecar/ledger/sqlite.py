@@ -810,13 +810,16 @@ class SQLiteLedger:
 
 
 Reader = tuple[str, str | None, bool]  # (agent uid, fleet, any fleet): the reader side of the visibility filter
+# (admitted ids, their ledger rows by id, their owners' Cedar entities by agent uid, key valid): `visible_rows`
+VisibleRows = tuple[list[str], dict[str, Row], dict[str, dict[str, Any]], bool]
 
 
 def _visible_ids_query(ph: str, reads_json: str, backend: str, collection_id: str, tenant: str, reader: Reader | None,
-                       limit: int) -> tuple[str, tuple[Any, ...]]:
+                       limit: int, columns: str = "row_id") -> tuple[str, tuple[Any, ...]]:
     """The statement of `visible_row_ids` (shared by both ledgers): `ph` is the placeholder, `reads_json` the
-    dialect's "readers (JSON array text) holds the string ``{ph}``" test."""
-    base = (f"SELECT row_id FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
+    dialect's "readers (JSON array text) holds the string ``{ph}``" test; `columns` what it selects of each
+    admitted row (PostgreSQL's `visible_rows`: the whole row)."""
+    base = (f"SELECT {columns} FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
             "AND status NOT IN ('deleted', 'pending')")
     common: tuple[Any, ...] = (backend, collection_id, tenant)
     if reader is None:

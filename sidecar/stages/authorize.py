@@ -82,6 +82,8 @@ class Authorizer:
         self._recheck_capable: tuple[Any, bool] | None = None
         # (ledger, whether it has ``read_rows``: PostgreSQL), found once per ledger object for the same reason.
         self._read_rows_capable: tuple[Any, bool] | None = None
+        # (ledger, whether it lists admitted rows with their rows in one statement, ``visible_rows``: PostgreSQL).
+        self._visible_rows_capable: tuple[Any, bool] | None = None
         # The last principal `require_keyed` hashed (a frozen `Principal`: it hashes again), so a caller's
         # repeated decisions hash it once in the memo look-up, not twice per decision.
         self._hashable: Any = None
@@ -93,6 +95,42 @@ class Authorizer:
         if capable is None or capable[0] is not ledger:
             capable = self._read_rows_capable = (ledger, hasattr(ledger, "read_rows"))
         return capable[1]
+
+    def lists_rows(self) -> bool:
+        """Whether a read's ledger rows cost a round trip of their own (`prefetch`: PostgreSQL) and the ledger can
+        list a filter's admitted rows together with those rows in one statement (``visible_rows``), so that
+        `visible_rows` makes the read's only trip."""
+        ledger = self.ledger
+        capable = self._visible_rows_capable
+        if capable is None or capable[0] is not ledger:
+            capable = self._visible_rows_capable = (ledger, self._has_read_rows() and hasattr(ledger, "visible_rows"))
+        return capable[1]
+
+    async def visible_rows(self, ex: Exchange, backend: str, collection_id: str, tenant: str,
+                           reader: tuple[str, str | None, bool] | None, limit: int) -> list[str] | None:
+        """The ids of the rows of (backend, collection) the visibility filter admits (`Ledger.visible_row_ids`'s
+        list), or None when more than `limit` are; read in one ledger round trip (`offloop.visible_rows`) together
+        with those rows, their owners and the key re-check `authenticate` deferred, which are kept for the read in
+        progress exactly as `prefetch` keeps what it reads: its later `prefetch` of any of these ids reads nothing
+        more. Only where `lists_rows`. Raises `Unauthorized` (401) if the key was revoked, `LedgerUnavailable`
+        (503) when the ledger cannot answer."""
+        recheck = ex.key_recheck[0] if ex.key_recheck is not None else None
+        listed = await offloop.visible_rows(self.ledger, backend, collection_id, tenant, reader, limit, recheck)
+        if listed is None:
+            return None
+        ids, rows, owners, key_ok = listed
+        self._rechecked(ex, key_ok)
+        self._keep_prefetched(ex, backend, collection_id, ids, rows, owners)
+        return ids
+
+    @staticmethod
+    def _keep_prefetched(ex: Exchange, backend: str, collection_id: str, ids: list[str], rows: dict[str, Row],
+                         owners: dict[str, dict[str, Any]]) -> None:
+        pre = ex.prefetched.setdefault((backend, collection_id), {})
+        for i in ids:
+            pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
+        for row in rows.values():
+            ex.prefetched_owners[row.owner] = owners.get(row.owner)  # None: no such agent (asked)
 
     async def authenticate(self, ex: Exchange, key: str) -> Principal | None:
         """The principal of API key `key`, or None (unknown, revoked, malformed).
@@ -441,21 +479,21 @@ class Authorizer:
         with ``ledger_off_loop=false`` — still one statement). The rows are fetched now, on this
         request, never taken from an earlier one; the caller drops them (`release`) when its read ends.
         A key re-check `authenticate` deferred is made in
-        the same statement (`Unauthorized`, 401, if the key was revoked). Raises `LedgerUnavailable` (503)
+        the same statement (`Unauthorized`, 401, if the key was revoked). When every id's row was read on this
+        request already and is still kept (`visible_rows` listed it; no re-check pending), nothing is read. Raises `LedgerUnavailable` (503)
         when the ledger cannot answer."""
         if not row_ids or not (always or offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
                                or self._has_read_rows()):
             return
+        pre = ex.prefetched.get((backend, collection_id))
+        if pre is not None and ex.key_recheck is None and all(i in pre for i in row_ids):
+            return  # read on this request already, not yet released (`visible_rows`): nothing more to read
         ids = list(dict.fromkeys(row_ids))
         recheck = ex.key_recheck[0] if ex.key_recheck is not None else None
         rows, owners, key_ok = await offloop.read_rows(self.ledger, backend, collection_id, ids, recheck,
                                                        has_read_rows=self._has_read_rows())
         self._rechecked(ex, key_ok)
-        pre = ex.prefetched.setdefault((backend, collection_id), {})
-        for i in ids:
-            pre[i] = rows.get(i)  # None: not governed by the ledger (asked, not missing)
-        for row in rows.values():
-            ex.prefetched_owners[row.owner] = owners.get(row.owner)  # None: no such agent (asked)
+        self._keep_prefetched(ex, backend, collection_id, ids, rows, owners)
 
     def start_prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str]) -> "asyncio.Task[None]":
         """`prefetch` the rows of `row_ids` (on every ledger: `always`) as a task that runs while the caller

@@ -1,10 +1,12 @@
 """One ledger round trip per read on PostgreSQL: two real `memwarden serve` replicas on one PostgreSQL schema —
 A with the hot-path reads in a worker thread (``MEMWARDEN_LEDGER_ASYNC=false``), B on psycopg's asynchronous
-pool — in front of one Chroma. A warm get/query/count makes exactly one `read_rows` call (the key re-check, the
-rows and their owners in one statement), plus, for a read under the visibility filter, the listing of the
-admitted rows (`visible_row_ids`, the id-list form of the filter; none with ``ID_PUSHDOWN_MAX=0``), both replicas answer exactly alike, and a key revoked
-behind the replicas' backs (no notification reaches them, so the principal they verified is still in memory)
-fails the very next request with 401 on every read path, nothing served."""
+pool — in front of one Chroma. A warm get/query/count makes exactly one ledger statement: `read_rows` (the key
+re-check, the rows and their owners) for a read by ids or an over-fetched query, `visible_rows` (the admitted
+rows' ids listed with those rows, their owners and the key re-check) for a read under the visibility filter
+when few rows are admitted (two with ``ID_PUSHDOWN_INLINE_MAX=0``: the list, then the rows); both replicas
+answer exactly alike, and a key revoked behind the replicas' backs (no notification reaches them, so the
+principal they verified is still in memory) fails the very next request with 401 on every read path, nothing
+served."""
 
 from __future__ import annotations
 
@@ -39,6 +41,10 @@ class Pair:
                  metadatas=[{"mw_scope": "fleet"}] * 12)
         coll.add(ids=[f"p{i}" for i in range(6)], embeddings=unit_vectors(6, seed=3), documents=[f"own {i}" for i in range(6)],
                  metadatas=[{"mw_scope": "agent"}] * 6)
+        _, blue = self.key("agent", "blue", "w")
+        chroma_client(a.port, self.tenant, {"X-API-Key": blue}).get_collection("mem").add(
+            ids=["b0", "b1"], embeddings=unit_vectors(2, seed=5), documents=["blue 0", "blue 1"],
+            metadatas=[{"mw_scope": "fleet"}] * 2)
 
     def key(self, kind: str, fleet: str | None = None, agent: str | None = None, trust: int = 1) -> tuple[str, str]:
         ledger = PostgresLedger(self.url, schema=self.schema, min_size=0, max_size=1)
@@ -95,7 +101,24 @@ def pair(pg_url: str, chroma_server: Server, tmp_path_factory: pytest.TempPathFa
 
 
 OPS = ["get", "get-none", "get-all", "query", "count"]
-PUSHED = ["get-all", "query", "count"]  # the reads of OPS under the visibility filter (sent as the ledger's id list)
+# The one ledger statement of each warm read by a reader of the 12 red fleet rows (of 20): reads by ids and the
+# query (whose over-fetch holds its top 5: no pushdown) read their rows (`read_rows`); the reads under the
+# visibility filter (get without ids, count) list the 12 admitted rows and read them in one (`visible_rows`).
+ONE_STATEMENT = {"get": "read_rows", "get-none": "read_rows", "get-all": "visible_rows", "query": "read_rows",
+                 "count": "visible_rows"}
+
+
+def per_read_calls(pair: Pair, side: Server, key: str, ops: list[str]
+                   ) -> tuple[list[tuple[int, object]], list[dict[str, float]]]:
+    """Each read of `ops` made once by `key` on `side`: (its answers, the ledger calls each made)."""
+    answers, calls = [], []
+    for op in ops:
+        before = ledger_calls(side)
+        r = pair.call(side, key, op)
+        answers.append((r.status_code, r.json()))
+        after = ledger_calls(side)
+        calls.append({m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)})
+    return answers, calls
 
 
 def test_both_paths_answer_alike_with_one_ledger_call_per_read(pair: Pair) -> None:
@@ -105,13 +128,9 @@ def test_both_paths_answer_alike_with_one_ledger_call_per_read(pair: Pair) -> No
             pair.call(side, key, op)
     answers = {}
     for side in (pair.a, pair.b):
-        before = ledger_calls(side)
-        answers[side.port] = [(r.status_code, r.json()) for r in (pair.call(side, key, op) for op in OPS)]
-        after = ledger_calls(side)
-        delta = {m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)}
-        # no authenticate, no get_rows/agent_entities of their own; the reads that push the visibility filter
-        # down (get without ids, count, the query's pushdown) list the admitted rows first (`visible_row_ids`)
-        assert delta == {"read_rows": len(OPS), "visible_row_ids": len(PUSHED)}, delta
+        answers[side.port], calls = per_read_calls(pair, side, key, OPS)
+        # no authenticate, no get_rows/agent_entities of their own, no second statement
+        assert calls == [{ONE_STATEMENT[op]: 1} for op in OPS], calls
     a, b = answers[pair.a.port], answers[pair.b.port]
     assert a == b
     got = dict(zip(OPS, a))
@@ -120,6 +139,64 @@ def test_both_paths_answer_alike_with_one_ledger_call_per_read(pair: Pair) -> No
     assert sorted(got["get-all"][1]["ids"]) == sorted(f"f{i}" for i in range(12))
     assert got["query"][0] == 200 and len(got["query"][1]["ids"][0]) == 5 and all(i.startswith("f") for i in got["query"][1]["ids"][0])
     assert got["count"] == (200, 12)
+
+
+def test_a_read_of_few_admitted_rows_is_one_statement(pair: Pair, chroma_server: Server, tmp_path: Path) -> None:
+    """A reader of the 2 blue fleet rows (of 20): its query is pushed down from the start (10 % readable), and
+    each read under the visibility filter — the query, a get without ids, a count — lists the admitted rows and
+    reads them in one statement (`visible_rows`) on both replicas, the rows the backend returns decided on what
+    it read; a replica with ``ID_PUSHDOWN_INLINE_MAX=0`` answers the same with two (`visible_row_ids`, then
+    `read_rows` of the rows returned)."""
+    env = {"MEMWARDEN_LEDGER_URL": pair.url, "MEMWARDEN_LEDGER_SCHEMA": pair.schema, "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
+           "MEMWARDEN_LEDGER_POOL_MIN": "0", "MEMWARDEN_LEDGER_POOL_MAX": "1", "MEMWARDEN_LEDGER_CACHE_TTL_S": "60",
+           "MEMWARDEN_ID_PUSHDOWN_INLINE_MAX": "0"}
+    c = start_sidecar(chroma_server.url, tmp_path / "c.db", POLICIES, extra_env=env)
+    try:
+        _, key = pair.key("agent", "blue", f"r{uuid.uuid4().hex[:6]}")
+        ops = ["query", "get-all", "count"]
+        answers = {}
+        for side, want in ((pair.a, {"visible_rows": 1}), (pair.b, {"visible_rows": 1}),
+                           (c, {"visible_row_ids": 1, "read_rows": 1})):
+            for op in ops:
+                pair.call(side, key, op)
+            answers[side.port], calls = per_read_calls(pair, side, key, ops)
+            assert calls == [want] * len(ops), (side.port, calls)
+    finally:
+        c.stop()
+    a, b, two = answers.values()
+    assert a == b == two
+    query, get_all, count = a
+    assert query[0] == 200 and sorted(query[1]["ids"][0]) == ["b0", "b1"]  # type: ignore[index]
+    assert get_all[0] == 200 and sorted(get_all[1]["ids"]) == ["b0", "b1"]  # type: ignore[index]
+    assert count == (200, 2)
+
+
+def test_a_list_longer_than_the_counts_said_is_listed_again_without_rows(pair: Pair) -> None:
+    """Replica A's planner keeps a collection's counts for 30 s: 2 blue rows. 70 more are written through replica
+    B meanwhile, so A's one statement finds more than ``ID_PUSHDOWN_INLINE_MAX`` (64) admitted rows: A lists them
+    again without their rows (`visible_row_ids`) and reads the rows Chroma returns (`read_rows`) — every blue row
+    served, none other, as B serves them."""
+    _, admin = pair.key("admin")
+    cid = str(chroma_client(pair.a.port, pair.tenant, {"X-API-Key": admin}).create_collection("stale").id)
+    _, writer = pair.key("agent", "blue", f"w{uuid.uuid4().hex[:6]}")
+    _, other = pair.key("agent", "red", f"w{uuid.uuid4().hex[:6]}")
+    coll = chroma_client(pair.b.port, pair.tenant, {"X-API-Key": writer}).get_collection("stale")
+    coll.add(ids=["b0", "b1"], embeddings=unit_vectors(2, seed=7), documents=["b0", "b1"], metadatas=[{"mw_scope": "fleet"}] * 2)
+    chroma_client(pair.b.port, pair.tenant, {"X-API-Key": other}).get_collection("stale").add(
+        ids=["r0"], embeddings=unit_vectors(1, seed=8), documents=["r0"], metadatas=[{"mw_scope": "fleet"}])
+    _, key = pair.key("agent", "blue", f"r{uuid.uuid4().hex[:6]}")
+    pair.call(pair.a, key, "query", collection=cid)  # A reads and keeps the counts
+    for want in ({"visible_rows": 1}, {"visible_rows": 1, "visible_row_ids": 1, "read_rows": 1}):
+        if "read_rows" in want:
+            more = [f"m{i}" for i in range(70)]
+            coll.add(ids=more, embeddings=unit_vectors(70, seed=9), documents=more, metadatas=[{"mw_scope": "fleet"}] * 70)
+        before = ledger_calls(pair.a)
+        r = pair.call(pair.a, key, "get-all", collection=cid)
+        after = ledger_calls(pair.a)
+        assert {m: after.get(m, 0) - before.get(m, 0) for m in after if after.get(m, 0) != before.get(m, 0)} == want
+        assert r.status_code == 200
+        assert r.json() == pair.call(pair.b, key, "get-all", collection=cid).json()
+    assert sorted(r.json()["ids"]) == sorted(["b0", "b1", *more])
 
 
 @pytest.mark.parametrize("op", OPS + ["unknown-collection"])

@@ -201,3 +201,57 @@ def test_planner_estimate_tells_apart_what_admits_reads() -> None:
             (Principal("admin", "k", "t"), False, 10)]
     for p, wide, n in asks + asks:
         assert planner.admitted_rows(p, "c", wide) == n == admitted_count(p, flat, wide)
+
+
+@pytest.fixture(scope="module")
+def pg_ledger(pg_url: str) -> Iterator[PostgresLedger]:  # noqa: F811
+    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2)
+    yield led
+    led.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(rows, max_size=25, unique_by=lambda r: r.row_id), principals, st.booleans(), st.integers(0, 30),
+       st.sampled_from(["none", "valid", "revoked", "unknown"]), st.booleans())
+def test_visible_rows_is_the_list_and_its_rows_in_one_statement(pg_ledger: PostgresLedger, batch: list[Row],
+                                                                 p: Principal, wide: bool, limit: int, key: str,
+                                                                 asynchronous: bool) -> None:
+    """`PostgresLedger.visible_rows` (and its asynchronous twin) answers what two statements answer: the ids of
+    `visible_row_ids` (None exactly when it is None), the rows of `read_rows` for those ids, their owners as
+    `read_rows` reads them, and the key re-check — valid, revoked, unknown or none asked."""
+    import asyncio
+
+    collection = store(pg_ledger, batch)
+    owners = {r.owner for r in batch}
+    with pg_ledger._tx() as db:  # noqa: SLF001
+        for uid in sorted(owners)[:3]:  # some owners are known agents, the others are not
+            t, f, a = uid.split("/", 2)
+            db.execute("INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (%s, %s, %s, %s, 1, "
+                       "'[\"r\"]') ON CONFLICT DO NOTHING", (uid, t, f, a))
+    key_id = None
+    if key != "none":
+        rec, _ = pg_ledger.create_key("agent", "t", "f", "kk", 1)
+        key_id = rec.key_id if key != "unknown" else "nosuchkey"
+        if key == "revoked":
+            pg_ledger.revoke_key(rec.key_id)
+    reader = visibility_reader(p, "tenant" if wide else "scope")
+    want_ids = pg_ledger.visible_row_ids("chroma", collection, p.tenant, reader, limit)
+    if asynchronous:
+        async def both() -> Any:
+            try:
+                return await pg_ledger.visible_rows_async("chroma", collection, p.tenant, reader, limit, key_id)
+            finally:
+                await pg_ledger.aclose()
+        got = asyncio.run(both())
+    else:
+        got = pg_ledger.visible_rows("chroma", collection, p.tenant, reader, limit, key_id)
+    if want_ids is None:
+        assert got is None
+        return
+    assert got is not None
+    ids, got_rows, got_owners, key_ok = got
+    assert sorted(ids) == sorted(want_ids) and len(ids) == len(set(ids))
+    want_rows, want_owners, want_ok = pg_ledger.read_rows("chroma", collection, want_ids, key_id)
+    assert got_rows == want_rows and set(got_rows) == set(ids)
+    assert got_owners == want_owners
+    assert key_ok == want_ok == (key in ("none", "valid"))
