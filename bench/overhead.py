@@ -241,18 +241,28 @@ class Phase:
         return path
 
     def same_answers(self, op: str, pct: int) -> bool:
-        """Every plan answers the first 20 bodies with the same ids (and, for get, the named id)."""
+        """Every plan answers the first 20 bodies with the same ids (and, for get, the named id). When they do
+        not, prints each body on which they differ: every plan's ids and, for a query, distances (Chroma's HNSW
+        index is approximate, so an unfiltered over-fetch and a filtered search may rank differently)."""
         kind, _ = OPS[op]
         cid, _ = self.collections[pct]
         path = f"/api/v2/tenants/bench/databases/benchdb/collections/{cid}/{kind}"
         bodies = [json.loads(x) for x in self.bodies(op, pct).read_text().splitlines()[:20]]
-        answers = []
-        for side in self.sidecars.values():
+        answers: dict[str, list[dict[str, Any]]] = {}
+        for plan, side in self.sidecars.items():
             with httpx.Client(base_url=side.url, headers={"X-API-Key": self.agent}, timeout=60, trust_env=False) as http:
-                answers.append([http.post(path, json=b).json()["ids"] for b in bodies])
-        if kind == "get" and any(a != [b["ids"] for b in bodies] for a in answers):
+                answers[plan] = [http.post(path, json=b).json() for b in bodies]
+        ids = {plan: [a["ids"] for a in got] for plan, got in answers.items()}
+        if kind == "get" and any(a != [b["ids"] for b in bodies] for a in ids.values()):
             return False
-        return all(a == answers[0] for a in answers)
+        first = next(iter(ids.values()))
+        if all(a == first for a in ids.values()):
+            return True
+        for j in range(len(bodies)):
+            if len({json.dumps(a[j]) for a in ids.values()}) > 1:
+                print(f"  answers differ: {op} {pct}% body {j}: " + "; ".join(
+                    f"{plan} {answers[plan][j]['ids']} {answers[plan][j].get('distances')}" for plan in answers), flush=True)
+        return False
 
     def stop(self) -> None:
         for s in reversed(self.servers):
