@@ -606,7 +606,15 @@ class PostgresLedger:
         (`_HotConnection.rows_cursor`, made on first use): the same statement, parameters and rows as a new
         cursor per call (`tests/unit/test_ledger_pg_hot.py`), without building a cursor and its adapters
         each time."""
-        ids = list(dict.fromkeys(row_ids))
+        query, ids_value = _read_rows_query(list(dict.fromkeys(row_ids)))
+        result = await self._hot_rows(query, {"key": key_id, "backend": backend, "collection": collection_id,
+                                              "ids": ids_value})
+        return self._read_rows_result(result, key_id)
+
+    async def _hot_rows(self, query: str, params: Any, prepare: bool | None = None) -> list[tuple[Any, ...]]:
+        """`query` with `params` on a connection of the asynchronous pool, taken and given back directly, on the
+        connection's binary tuple cursor (`_HotConnection.rows_cursor`); its rows. `prepare` as psycopg's
+        ``Cursor.execute`` takes it (None: prepared after five uses)."""
         pool = self._apool
         if pool is None or self._apool_loop is not asyncio.get_running_loop():
             pool = await self._open_async_pool()
@@ -615,8 +623,7 @@ class PostgresLedger:
             cur = conn.rows_cursor
             if cur is None:
                 cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
-            query, ids_value = _read_rows_query(ids)
-            await cur.execute(query, {"key": key_id, "backend": backend, "collection": collection_id, "ids": ids_value})
+            await cur.execute(query, params, prepare=prepare)
             result = await cur.fetchall()
             await _done(conn)
         except BaseException:
@@ -624,30 +631,14 @@ class PostgresLedger:
             raise
         finally:
             await pool.putconn(conn)
-        return self._read_rows_result(result, key_id)
+        return result
 
     async def visible_rows_async(self, backend: str, collection_id: str, tenant: str, reader: Reader | None,
                                  limit: int, key_id: str | None = None) -> VisibleRows | None:
         """`visible_rows` on the asynchronous pool: the same one statement, on the connection's binary tuple
         cursor (`_HotConnection.rows_cursor`). Raises psycopg ``OperationalError`` as `read_rows_async`."""
         sql, args = _visible_rows_query(backend, collection_id, tenant, reader, limit, key_id)
-        pool = self._apool
-        if pool is None or self._apool_loop is not asyncio.get_running_loop():
-            pool = await self._open_async_pool()
-        conn = await pool.getconn()
-        try:
-            cur = conn.rows_cursor
-            if cur is None:
-                cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
-            await cur.execute(sql, args, prepare=False)
-            result = await cur.fetchall()
-            await _done(conn)
-        except BaseException:
-            await _failed(conn)
-            raise
-        finally:
-            await pool.putconn(conn)
-        return self._visible_rows_result(result, limit, key_id)
+        return self._visible_rows_result(await self._hot_rows(sql, args, prepare=False), limit, key_id)
 
     def visible_rows(self, backend: str, collection_id: str, tenant: str, reader: Reader | None, limit: int,
                      key_id: str | None = None) -> VisibleRows | None:

@@ -480,8 +480,8 @@ class Authorizer:
         request, never taken from an earlier one; the caller drops them (`release`) when its read ends.
         A key re-check `authenticate` deferred is made in
         the same statement (`Unauthorized`, 401, if the key was revoked). When every id's row was read on this
-        request already and is still kept (`visible_rows` listed it; no re-check pending), nothing is read. Raises `LedgerUnavailable` (503)
-        when the ledger cannot answer."""
+        request already and is still kept (`visible_rows` listed it; no re-check pending), nothing is read.
+        Raises `LedgerUnavailable` (503) when the ledger cannot answer."""
         if not row_ids or not (always or offloop.asynchronous(self.ledger) or offloop.blocking(self.ledger)
                                or self._has_read_rows()):
             return
