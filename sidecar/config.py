@@ -121,9 +121,10 @@ class Settings(BaseSettings):
         "the where filter")
     id_pushdown_inline_max: int = Field(
         default=64, ge=0,
-        description="PostgreSQL: when the planner's counts say at most this many rows are admitted, the statement "
-        "that lists them also reads them (with their owners and the key re-check), so the read makes one ledger round "
-        "trip instead of two (the list, then the rows the backend returned); 0 = always two")
+        description="PostgreSQL: a get without ids or a count under the id list, when the planner's counts say at most "
+        "this many rows are admitted: the statement that lists them also reads them (with their owners and the key "
+        "re-check), one ledger round trip instead of two; a query always reads the rows the backend returned after it "
+        "answered; 0 = always two")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
     log_level: str = "INFO"

@@ -933,7 +933,7 @@ class ChromaProfile:
     ID_PLAN_BACKOFF_S = 60.0  # after the backend failed an id-list read of a collection, its where filter for this long
 
     async def _pushdown(self, ex: Exchange, rec: CollectionRecord, client_where: Any, client_ids: list[str] | None,
-                        where: dict[str, Any] | None, mode: str) -> tuple[Any, list[str] | None, bool]:
+                        where: dict[str, Any] | None, mode: str, early: bool = False) -> tuple[Any, list[str] | None, bool]:
         """How a read reaches the backend under the caller's visibility filter (docs/design.md §2.7): (where, ids,
         by_ids). `where` is the client's filter ANDed with `visibility_where` (`_where`), the metadata form.
 
@@ -946,9 +946,14 @@ class ChromaProfile:
         the id list admits exactly the rows `visibility_where` admits over the same governance (the stamped
         metadata is written from the ledger's row), so recall is the filter's. Otherwise (`where`, client ids).
 
-        On PostgreSQL, when the counts say at most ``ID_PUSHDOWN_INLINE_MAX`` rows are admitted, the statement that
-        lists them reads them too (`Authorizer.visible_rows`), and the read decides on those rows: one ledger round
-        trip in all. Raises `Unauthorized` (401) when that statement finds the caller's key revoked."""
+        `early`: the read would read the rows of the whole list while the backend answers anyway (`_scan`'s early
+        read: a get without ids, client filter or limit, and a count). Then, on PostgreSQL, when the counts say at
+        most ``ID_PUSHDOWN_INLINE_MAX`` rows are admitted, the statement that lists them reads them too
+        (`Authorizer.visible_rows`) and the read decides on those rows: one ledger round trip in all. Any other read
+        (a query, a filtered or limited get) reads the rows the backend returned after it answered, never before:
+        an update that rewrites a row's content and narrows its scope may land in between, and its new content must
+        not be decided on the old scope. Raises `Unauthorized` (401) when the statement finds the caller's key
+        revoked."""
         limit = self.settings.id_pushdown_max
         if limit <= 0:
             return where, client_ids, False
@@ -964,7 +969,7 @@ class ChromaProfile:
         reader = visibility_reader(p, mode)
         visible = None
         inline = min(self.settings.id_pushdown_inline_max, limit)
-        if inline > 0 and estimate is not None and estimate <= inline and self.authz.lists_rows():
+        if early and inline > 0 and estimate is not None and estimate <= inline and self.authz.lists_rows():
             # few rows: listed and read in one statement, kept for this read's decisions (one ledger round trip)
             visible = await self.authz.visible_rows(ex, BACKEND, rec.collection_id, p.tenant, reader, inline)
         if visible is None:
@@ -1097,11 +1102,12 @@ class ChromaProfile:
         (`_id_plan_failed`). Raises `BadRequest` (400) for a `client_where` that is not an object."""
         mode = self.authz.pushdown(self.settings.pushdown)
         where = self._where(ex, client_where, mode)
-        b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, None, where, mode)
-        # an id list's rows are read early (while Chroma answers) only when the read will use them all: no client
-        # filter and no page shorter than the list
-        early = b_ids is not None and client_where is None and where_document is None \
-            and (limit is None or offset + limit >= len(b_ids))
+        # an id list's rows are read early (while Chroma answers, or with the list itself: `_pushdown`) only when the
+        # read will use them all: no client filter and no page shorter than the list
+        whole = client_where is None and where_document is None
+        b_where, b_ids, by_ids = await self._pushdown(ex, rec, client_where, None, where, mode,
+                                                      early=whole and limit is None)
+        early = b_ids is not None and whole and (limit is None or offset + limit >= len(b_ids))
         try:
             return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
                                     offset=offset, limit=limit, keep=keep, early=early)
