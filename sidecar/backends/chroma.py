@@ -949,10 +949,10 @@ class ChromaProfile:
         `early`: the read would read the rows of the whole list while the backend answers anyway (`_scan`'s early
         read: a get without ids, client filter or limit, and a count). Then, on PostgreSQL, when the counts say at
         most ``ID_PUSHDOWN_INLINE_MAX`` rows are admitted, the statement that lists them reads them too
-        (`Authorizer.visible_rows`) and the read decides on those rows: one ledger round trip in all. Any other read
-        (a query, a filtered or limited get) reads the rows the backend returned after it answered, never before:
-        an update that rewrites a row's content and narrows its scope may land in between, and its new content must
-        not be decided on the old scope. Raises `Unauthorized` (401) when the statement finds the caller's key
+        (`Authorizer.visible_rows`) and the read decides on those rows: one ledger round trip in all. A query and a
+        filtered get read the rows the backend returned after it answered, never before: an update that rewrites a
+        row's content and narrows its scope may land in between, and its new content must not be decided on the old
+        scope (the early reads share that window: docs/design.md, known gap). Raises `Unauthorized` (401) when the statement finds the caller's key
         revoked."""
         limit = self.settings.id_pushdown_max
         if limit <= 0:

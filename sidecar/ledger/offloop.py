@@ -35,6 +35,7 @@ import psycopg
 
 from sidecar.errors import LedgerUnavailable
 from sidecar.governance import Principal, Row
+from sidecar.ledger.sqlite import Reader, VisibleRows
 
 T = TypeVar("T")
 
@@ -163,9 +164,8 @@ async def read_rows(ledger: Any, backend: str, collection_id: str, row_ids: list
     return await call(ledger, fetch)
 
 
-async def visible_rows(ledger: Any, backend: str, collection_id: str, tenant: str,
-                       reader: tuple[str, str | None, bool] | None, limit: int, key_id: str | None = None
-                       ) -> tuple[list[str], dict[str, Row], dict[str, dict[str, Any]], bool] | None:
+async def visible_rows(ledger: Any, backend: str, collection_id: str, tenant: str, reader: Reader | None, limit: int,
+                       key_id: str | None = None) -> VisibleRows | None:
     """`PostgresLedger.visible_rows` (the admitted rows' ids, their rows, their owners, the key re-check: one
     statement), awaited on the asynchronous pool when the ledger has one, else in a worker thread (`call`).
     Raises `LedgerUnavailable` when the ledger cannot answer."""
