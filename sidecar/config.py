@@ -105,7 +105,7 @@ class Settings(BaseSettings):
         default=60.0, ge=0,
         description="PostgreSQL ledger: seconds between checks for tables with missing or stale planner statistics, "
         "which are then ANALYZEd (autovacuum's rule; also at start-up); 0 = never (leave it to autovacuum)")
-    failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate)")
+    failpoints: str = Field(default="", description="testing only: comma-separated crash points (after-tombstone, activate, update-governance, register-collection)")
     query_plan: Literal["auto", "pushdown", "postfilter-first"] = Field(
         default="auto",
         description="query: choose per request from the ledger's statistics and the last over-fetches (auto), "

@@ -183,6 +183,27 @@ class Row:
         }
 
 
+def stamped_as(meta: Any, row: Row) -> bool:
+    """Whether a row's metadata as the backend answered it (`meta`) was stamped under the ledger row's governance:
+    scope, fleet, readers and labels, what an update changes and Cedar decides on. Readers and labels are stamped
+    comma-joined (Chroma: ``"t/f/a,t/f/b"``) or as lists (Mem0).
+
+    A backend stores a row's content and metadata together (a Chroma record, a Mem0 memory), and an update writes
+    the new governance's stamp with the new content before the ledger takes the new governance. A row stamped
+    otherwise than its ledger row is content of another governance: written by an update whose ledger write has not
+    landed, or read before one that has (docs/design.md §2.6, reads during an update); it is never decided on.
+    True for metadata never stamped (no ``mw_scope``: a row `sidecar.adopt` registered and has not stamped yet),
+    which no update leaves behind: an update stamps, and both backends merge an update's metadata into the row's."""
+    if type(meta) is not dict or "mw_scope" not in meta:
+        return True
+    if meta["mw_scope"] != row.scope or meta.get("mw_fleet") != row.fleet:
+        return False
+    for value, names in ((meta.get("mw_readers"), row.readers), (meta.get("mw_labels"), row.labels)):
+        if not (value == list(names) if type(value) is list else (value or "") == ",".join(names)):
+            return False
+    return True
+
+
 def fact_partition(row: "Row") -> str:
     """The visibility partition of a row (docs/design.md §4, README "Supersession"): single-valued facts are
     single-valued within one (tenant, collection, partition). Chosen so that every principal that may

@@ -104,3 +104,11 @@ class Profile(Protocol):
     def lineage_collection(self, ex: Exchange) -> str:
         """The ledger collection a lineage request names (request-level ``list`` decision); 404 otherwise."""
         ...
+
+
+def crash() -> None:
+    """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -29,11 +29,11 @@ from typing import Any
 
 import structlog
 
-from sidecar.backends.base import Route, RouteTable
+from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal, Row, collection_entity, namespace_entity
+from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
 from sidecar.planner import QueryPlanner
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
@@ -180,6 +180,35 @@ def stamp(metadata: dict[str, Any] | None, row: Row, previous: Row | None = None
         if previous.labels and not row.labels:
             out["mw_labels"] = None
     return out
+
+
+# The include items whose columns hold a row's content (a distance is computed from its embedding).
+CONTENT_COLUMNS = frozenset({"documents", "embeddings", "metadatas", "uris", "distances"})
+
+
+def stamped_include(include: Any) -> tuple[Any, bool, bool]:
+    """A read's `include` as sent to Chroma so that each row's stamp comes back with its content: (include to send,
+    whether the answer holds content (its rows are checked with `stamped_as`), whether ``metadatas`` was added
+    (then dropped from the rows and ``included`` before the answer leaves)). No `include` is Chroma's default,
+    which holds ``metadatas`` (get and query, API v2); one that is not a list is sent as it is (Chroma refuses it,
+    400); an empty one (ids only) holds no content."""
+    if include is None:
+        return None, True, False
+    if type(include) is not list:
+        return include, True, False
+    if "metadatas" in include:
+        return include, True, False
+    if not any(k in CONTENT_COLUMNS for k in include if type(k) is str):
+        return include, False, False
+    return [*include, "metadatas"], True, True
+
+
+def _unstamped(rows: list[dict[str, Any]], included: Any) -> Any:
+    """Drop the ``metadatas`` `stamped_include` added: from each row, in place, and from Chroma's ``included``
+    (returned)."""
+    for r in rows:
+        r.pop("metadatas", None)
+    return [k for k in included if k != "metadatas"] if type(included) is list else included
 
 
 # Governed keys no client requests, which a read shows (stamped or decorated): on an update of an existing row a
@@ -830,7 +859,7 @@ class ChromaProfile:
             await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
             raise
         if "activate" in self.settings.failpoints:
-            _crash()
+            crash()
         try:
             await offloop.call(self.ledger, self.prov.activate, ex, rec.collection_id, new_rows)
         except (Forbidden, Conflict):
@@ -847,6 +876,8 @@ class ChromaProfile:
                 await offloop.call(self.ledger, withdraw)
             raise
         if changed:
+            if "update-governance" in self.settings.failpoints:
+                crash()  # the new content and its stamp are in Chroma, the ledger has the old governance
             await offloop.call(self.ledger, self.ledger.update_governance, changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
@@ -882,8 +913,28 @@ class ChromaProfile:
 
     # -- reads ------------------------------------------------------------------------------
     def _keep(self, ex: Exchange, rec: CollectionRecord) -> Any:
+        """``keep(batch_ids, stamps=None) -> set``: the ids the caller may read now. `stamps` (id → the metadata
+        Chroma answered for it, when the answer holds content): a row stamped under other governance than its
+        ledger row's is withheld (`stamped_as`, ``changing_row``)."""
         include_superseded, as_of = history_view(ex.query)
-        return lambda batch: self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of)
+
+        def keep(batch: list[str], stamps: dict[str, Any] | None = None) -> set[str]:
+            agrees = None if stamps is None else (lambda row: stamped_as(stamps.get(row.row_id), row))
+            return self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of, agrees=agrees)
+        return keep
+
+    async def _reread_changing(self, ex: Exchange, rec: CollectionRecord, stamps: dict[str, Any]) -> None:
+        """Read again, now that Chroma has answered, the ledger rows this request read before it did (an early read:
+        `Authorizer.start_prefetch`, `Authorizer.visible_rows`) that disagree with the stamp their content came back
+        with (`stamped_as`): an update that landed in between. What still disagrees is withheld (`_keep`)."""
+        pre = ex.prefetched.get((BACKEND, rec.collection_id))
+        if not pre:
+            return
+        stale = [i for i, meta in stamps.items() if (row := pre.get(i)) is not None and not stamped_as(meta, row)]
+        if stale:
+            for i in stale:
+                del pre[i]
+            await self.authz.prefetch(ex, BACKEND, rec.collection_id, stale, always=True)
 
     def _decorate(self, ex: Exchange, rec: CollectionRecord, rows: list[dict[str, Any]]) -> None:
         """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned metadata where the linked row is
@@ -994,13 +1045,25 @@ class ChromaProfile:
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
                     keep: Any, early: bool = True) -> tuple[list[dict[str, Any]], list[str] | None]:
-        """Page through Chroma get and keep rows for which ``keep(batch_ids) -> set`` holds.
+        """Page through Chroma get and keep rows for which ``keep(batch_ids[, stamps]) -> set`` holds.
 
         Applies `offset`/`limit` over kept rows. Returns (rows, included). `early`: the ledger rows of `ids` (at
-        most a page of them) may be read while Chroma answers the first page.
+        most a page of them) may be read while Chroma answers the first page. When `include` asks for content,
+        each row's stamp is fetched with it (`stamped_include`) and `keep` gets them (`_keep`); a row read early
+        whose stamp disagrees is read again first (`_reread_changing`).
         """
         if limit == 0:
             return [], None
+        send, checked, added = stamped_include(include)
+        rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
+                                               include=send, checked=checked, offset=offset, limit=limit, keep=keep,
+                                               early=early)
+        return rows, _unstamped(rows, included) if added else included
+
+    async def _scan_rows(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
+                         where_document: Any, include: Any, checked: bool, offset: int, limit: int | None,
+                         keep: Any, early: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` with the include to send; `checked`: rows are kept by their stamps too."""
         page = self.settings.page_rows
         kept: list[dict[str, Any]] = []
         skipped = 0
@@ -1024,18 +1087,23 @@ class ChromaProfile:
                 fetched = len(resp["ids"])
                 batch = self._rows(ex, resp, fetched, exact == [True])
                 batch_ids = [r["ids"] for r in batch]
+                stamps = {r["ids"]: r.get("metadatas") for r in batch} if checked else None
                 if early is not None:  # the rows of every id asked (a superset of the batch), read by now
                     task, early = early, None
                     try:
                         await task
-                        allowed = keep(batch_ids)
+                        if stamps:
+                            await self._reread_changing(ex, rec, stamps)
+                        allowed = keep(batch_ids, stamps) if checked else keep(batch_ids)
                     finally:
                         self.authz.release(ex, BACKEND, rec.collection_id)
                 else:
                     # `Authorizer.prefetched` written out (no async context manager per page on the hot path)
                     await self.authz.prefetch(ex, BACKEND, rec.collection_id, batch_ids)  # off the loop (PostgreSQL)
                     try:
-                        allowed = keep(batch_ids)
+                        if stamps and ex.prefetched.get((BACKEND, rec.collection_id)):
+                            await self._reread_changing(ex, rec, stamps)  # rows `visible_rows` read with the list
+                        allowed = keep(batch_ids, stamps) if checked else keep(batch_ids)
                     finally:
                         self.authz.release(ex, BACKEND, rec.collection_id)
                 for row in batch:
@@ -1147,9 +1215,11 @@ class ChromaProfile:
         sent = (client_where, ids, False) if unfiltered else await self._pushdown(ex, rec, client_where, ids, where, mode)
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
+        send, checked, added = stamped_include(body.get("include"))
+        stamps: dict[str, Any] | None = None  # of the fetch being decided, when the answer holds content
 
         def keep(batch: list[str]) -> set[str]:
-            allowed = readable_of(batch)
+            allowed = readable_of(batch, stamps) if checked else readable_of(batch)
             tally[0] += len(batch)
             tally[1] += len(allowed)
             return allowed
@@ -1157,6 +1227,8 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": sent[0], "ids": sent[1]}
+            if added:
+                req["include"] = send
             exact: list[bool] = []
             try:
                 resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req,
@@ -1172,6 +1244,8 @@ class ChromaProfile:
                 raise UpstreamError("unexpected backend answer")
             included = resp.get("included", included)
             per_query = self._query_rows(ex, resp, len(pending), exact == [True])
+            if checked:
+                stamps = {r["ids"]: r.get("metadatas") for rows in per_query for r in rows}
             # `Authorizer.prefetched` written out (no async context manager per fetch on the hot path)
             await self.authz.prefetch(ex, BACKEND, rec.collection_id,  # off the loop (PostgreSQL)
                                       [r["ids"] for rows in per_query for r in rows[:max(k, 1) * 4]])
@@ -1197,6 +1271,8 @@ class ChromaProfile:
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
         for rows in final.values():
+            if added:
+                included = _unstamped(rows, included)
             self._decorate(ex, rec, rows)
         ranked = [final[i] for i in range(len(embeddings))]
         ex.row_ids = [r["ids"] for rows in ranked for r in rows]
@@ -1274,7 +1350,7 @@ class ChromaProfile:
         closed = await offloop.call(self.ledger, self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
                                  self.settings.deletion_closure)
         if "after-tombstone" in self.settings.failpoints:
-            _crash()
+            crash()
         await self._backend_delete(closed)
         return 200, {"deleted": len(allowed)}
 
@@ -1340,11 +1416,3 @@ def _public(coll: Any) -> Any:
         return coll
     meta = {k: v for k, v in coll["metadata"].items() if k != INTENT_KEY}
     return {**coll, "metadata": meta or None}
-
-
-def _crash() -> None:
-    """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)

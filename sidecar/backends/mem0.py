@@ -44,12 +44,12 @@ from typing import Any, Iterable
 
 import structlog
 
-from sidecar.backends.base import Route, RouteTable
+from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref
+from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
 from sidecar.ledger import Ledger, offloop
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
@@ -256,10 +256,12 @@ class Mem0Profile:
         return {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
 
     def _readable_or_404(self, ex: Exchange, memory_id: str, include_superseded: bool = False,
-                         as_of: int | None = None) -> Row:
+                         as_of: int | None = None, stamp: Any = None) -> Row:
         """The ledger row of `memory_id` if the caller may read it (a superseded one only with
-        `include_superseded`, or the one current at `as_of`); 404 (one message) otherwise."""
-        allowed = self.authz.readable_rows(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of)
+        `include_superseded`, or the one current at `as_of`); 404 (one message) otherwise. `stamp`: the memory's
+        metadata as Mem0 answered it, which must have been stamped under the row's governance (`stamped_as`)."""
+        agrees = None if stamp is None else (lambda row: stamped_as(stamp, row))
+        allowed = self.authz.readable_rows(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of, agrees=agrees)
         if memory_id not in allowed:
             ex.decision = "deny"
             raise NotFound(NOT_FOUND)
@@ -267,10 +269,10 @@ class Mem0Profile:
         return allowed[memory_id]
 
     async def _readable_or_404_off_loop(self, ex: Exchange, memory_id: str, include_superseded: bool = False,
-                                        as_of: int | None = None) -> Row:
+                                        as_of: int | None = None, stamp: Any = None) -> Row:
         """`_readable_or_404` with its ledger read made in one trip off the event loop (PostgreSQL)."""
         async with self.authz.prefetched(ex, BACKEND, self.coll, [memory_id]):
-            return self._readable_or_404(ex, memory_id, include_superseded, as_of)
+            return self._readable_or_404(ex, memory_id, include_superseded, as_of, stamp)
 
     def _requested(self, p: Principal, meta: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split client metadata into (plain, requested governance); 400 on other ``mw_`` or identity keys."""
@@ -550,6 +552,8 @@ class Mem0Profile:
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):
+            if "update-governance" in self.settings.failpoints:
+                crash()  # the new text and its stamp are in Mem0, the ledger has the old governance
             await offloop.call(self.ledger, self.ledger.update_governance, [new])
         return 200, result
 
@@ -557,7 +561,8 @@ class Mem0Profile:
     async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        await self._readable_or_404_off_loop(ex, mid, *history_view(ex.query))
+        view = history_view(ex.query)
+        row = await self._readable_or_404_off_loop(ex, mid, *view)
         try:
             result = await self._call("GET", ["memories", mid])
         except BackendClientError as exc:
@@ -569,6 +574,11 @@ class Mem0Profile:
         if not isinstance(result, dict) or result.get("id") != mid or not well_formed_rows(
                 ex, BACKEND, [result], lambda r: r.get("id"), self.settings.max_json_depth + 1):
             raise UpstreamError("unexpected backend answer")
+        if not stamped_as(result.get("metadata"), row):
+            # An update landed between the ledger read and Mem0's answer (`stamped_as`): decided again on the
+            # ledger as it is now, against the stamp Mem0 answered; still another governance, 404 (changing_row).
+            ex.rows_allowed -= 1  # counted again by the second decision
+            await self._readable_or_404_off_loop(ex, mid, *view, stamp=result.get("metadata"))
         await self._decorate(ex, [result])
         ex.row_ids = [mid]
         return 200, result
@@ -663,8 +673,10 @@ class Mem0Profile:
         show_expired = bool(_bool_param(q.get("show_expired"), "show_expired"))
         rows = await self._list_rows(ex, q, show_expired)
         ids = [r["id"] for r in rows]
+        stamps = {r["id"]: r.get("metadata") for r in rows}
         async with self.authz.prefetched(ex, BACKEND, self.coll, ids):  # one ledger trip off the loop (PostgreSQL)
-            allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of)
+            allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of,
+                                          agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
         kept = [r for r in rows if r["id"] in allowed][:top_k]
         await self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
@@ -820,8 +832,10 @@ class Mem0Profile:
             matching = [r for r in rows if compiled.matches(r)]
             wanted = [r["id"] for r in matching if r["id"] not in decided]
             if wanted:
+                stamps = {r["id"]: r.get("metadata") for r in matching}
                 async with self.authz.prefetched(ex, BACKEND, self.coll, wanted):  # one ledger trip off the loop (PostgreSQL)
-                    allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of)
+                    allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of,
+                                                  agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
                 decided.update({i: i in allowed for i in wanted})
             kept = [r for r in matching if decided[r["id"]]]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:

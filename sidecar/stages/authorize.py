@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("memwarden.authz")
 UNKNOWN_ROW, DELETED_ROW, SUPERSEDED_ROW = "unknown_row", "deleted_row", "superseded_row"
+# A row whose governance as the backend answered it (the stamp written with its content) is not the ledger's: an
+# update is between its backend write and its ledger write, or the two disagree after a failed one. Never served.
+CHANGING_ROW = "changing_row"
 _CAP = 20  # ids and errors kept per decision-log event
 MAX_ROW_DEPTH = 32
 
@@ -537,19 +540,23 @@ class Authorizer:
         return self.ledger.agent_entities(uids)
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
-                 include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> set[str]:
+                 include_superseded: bool = False, as_of: int | None = None, count: bool = True,
+                 agrees: Callable[[Row], bool] | None = None) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
-        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count))
+        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count, agrees))
 
     def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
-                      include_superseded: bool = False, as_of: int | None = None, count: bool = True) -> dict[str, Row]:
+                      include_superseded: bool = False, as_of: int | None = None, count: bool = True,
+                      agrees: Callable[[Row], bool] | None = None) -> dict[str, Row]:
         """Like `readable`, returning the ledger rows. By default only ``active`` rows are servable;
         `include_superseded` adds superseded ones; `as_of` (UTC µs) serves the rows that were current
         then (created by then and not yet superseded). Deleted and pending rows are never servable.
+        `agrees` (the backend's answer holds the rows' content): False for a ledger row whose governance is not
+        the one the backend's copy was written under (`CHANGING_ROW`: never decided on, never served).
 
         With `count` (the rows a response is made of, not auxiliary checks such as links to other rows)
         the outcome of every id is added to the exchange: ``rows_allowed``, ``rows_denied`` (Cedar),
-        ``rows_hidden_superseded``, ``rows_hidden_deleted`` (tombstoned or pending), ``rows_unknown``
+        ``rows_hidden_superseded``, ``rows_hidden_deleted`` (tombstoned, pending or changing), ``rows_unknown``
         (not governed by the ledger), and their reasons in ``row_deny_reasons``."""
         if not row_ids:
             return {}
@@ -570,10 +577,12 @@ class Authorizer:
             row = known.get(i)
             if row is None:
                 withheld.append(UNKNOWN_ROW)
-            elif (current and row.status == "active") or servable(row, include_superseded, as_of):
-                candidates.append(row)
-            else:
+            elif not ((current and row.status == "active") or servable(row, include_superseded, as_of)):
                 withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
+            elif agrees is not None and not agrees(row):
+                withheld.append(CHANGING_ROW)
+            else:
+                candidates.append(row)
         decisions = self.decide_rows(ex, "read", candidates)
         allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
         if withheld:

@@ -16,6 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from sidecar import Settings, create_app
+from sidecar.backends.chroma import stamp
 from sidecar.governance import Row
 from sidecar.ledger import CollectionRecord, SQLiteLedger
 
@@ -39,14 +40,17 @@ class NotingLedger(SQLiteLedger):
         return super().get_rows(backend, collection_id, row_ids)
 
 
+ROWS = {r.row_id: r for r in (Row("chroma", CID, "mine", "t", "red", "t/red/a", "agent", "t/red/a", 1),
+                               Row("chroma", CID, "fleet", "t", "red", "t/red/b", "fleet", "t/red/b", 1),
+                               Row("chroma", CID, "theirs", "t", "blue", "t/blue/c", "agent", "t/blue/c", 1),
+                               Row("chroma", CID, "gone", "t", "red", "t/red/a", "agent", "t/red/a", 1))}
+
+
 def world(tmp_path: Path, reply: Any, **settings: Any) -> tuple[TestClient, NotingLedger, str]:
     ledger = NotingLedger(tmp_path / "l.db")
     ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     _, key = ledger.create_key("agent", "t", "red", "a", 1)
-    rows = [Row("chroma", CID, "mine", "t", "red", "t/red/a", "agent", "t/red/a", 1),
-            Row("chroma", CID, "fleet", "t", "red", "t/red/b", "fleet", "t/red/b", 1),
-            Row("chroma", CID, "theirs", "t", "blue", "t/blue/c", "agent", "t/blue/c", 1),
-            Row("chroma", CID, "gone", "t", "red", "t/red/a", "agent", "t/red/a", 1)]
+    rows = list(ROWS.values())
     ledger.reserve_rows(rows)
     ledger.activate_rows("chroma", CID, [r.row_id for r in rows])
     ledger.tombstone("chroma", CID, ["gone"], "t/red/a", "req")
@@ -56,7 +60,9 @@ def world(tmp_path: Path, reply: Any, **settings: Any) -> tuple[TestClient, Noti
 
 
 def chroma_rows(ids: list[str]) -> dict[str, Any]:
-    return {"ids": ids, "documents": [f"doc {i}" for i in ids], "metadatas": [{"mw_scope": "x"} for _ in ids],
+    # each row's metadata as the sidecar stamped it (`stamp`); an id the ledger does not know, a client's own
+    return {"ids": ids, "documents": [f"doc {i}" for i in ids],
+            "metadatas": [stamp({"k": i}, ROWS[i]) if i in ROWS else {"k": i} for i in ids],
             "included": ["documents", "metadatas"]}
 
 

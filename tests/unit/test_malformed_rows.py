@@ -46,7 +46,7 @@ def malformed_count(metrics: Any) -> float:
 
 def test_chroma_get_and_query_drop_only_the_malformed_rows(tmp_path: Path) -> None:
     ids = ["ok1", "deep", "nan", "ok2"]
-    metas: list[Any] = [{"mw_scope": "tenant"}, {"n": deep(40)}, {"x": float("nan")}, {"mw_scope": "tenant"}]
+    metas: list[Any] = [{"mw_scope": "tenant", "mw_fleet": "red"}, {"n": deep(40)}, {"x": float("nan")}, {"mw_scope": "tenant", "mw_fleet": "red"}]
 
     def reply(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/get"):

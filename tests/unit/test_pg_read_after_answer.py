@@ -16,6 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from sidecar import Settings, create_app
+from sidecar.backends.chroma import stamp
 from sidecar.governance import Row
 from sidecar.ledger import CollectionRecord
 from sidecar.ledger.postgres import PostgresLedger
@@ -70,12 +71,13 @@ def world(request: pytest.FixtureRequest, pg_url: str) -> Iterator[tuple[TestCli
             events.append(path.rsplit("/", 1)[1])
             if path.endswith("/query"):
                 # the concurrent update lands now: Chroma has the new content, the ledger the narrowed scope
-                ledger.update_governance([dataclasses.replace(x, scope="agent")])  # now t/blue/w's own row only
+                narrowed = dataclasses.replace(x, scope="agent")  # now t/blue/w's own row only
+                ledger.update_governance([narrowed])
                 return httpx.Response(200, json={"ids": [["x"]], "documents": [["new content, narrowed"]],
-                                                 "metadatas": [[{"mw_scope": "agent"}]], "distances": [[0.1]],
+                                                 "metadatas": [[stamp({}, narrowed)]], "distances": [[0.1]],
                                                  "included": ["documents", "metadatas", "distances"]})
-            return httpx.Response(200, json={"ids": ["x"], "documents": ["new content, narrowed"],
-                                             "metadatas": [{"mw_scope": "agent"}], "included": ["documents", "metadatas"]})
+            return httpx.Response(200, json={"ids": ["x"], "documents": ["content"],
+                                             "metadatas": [stamp({}, x)], "included": ["documents", "metadatas"]})
         return httpx.Response(404, json={"error": "NotFound"})
 
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", reconcile_interval_s=0,

@@ -81,7 +81,7 @@ def results(draw: Any) -> tuple[dict[str, Any], int]:
         for _ in range(draw(st.integers(MAX_DEPTH - 2, MAX_DEPTH + 2))):
             deep = {"k": deep} if draw(st.booleans()) else [deep] * draw(st.sampled_from([1, 10]))
         at = draw(st.integers(0, n - 1))
-        resp["metadatas"] = [deep if i == at else {"mw_scope": "tenant"} for i in range(n)]
+        resp["metadatas"] = [deep if i == at else {"mw_scope": "tenant", "mw_fleet": "red"} for i in range(n)]
     return orjson.loads(json.dumps(resp)), n
 
 
@@ -140,7 +140,7 @@ def test_a_row_orjson_refuses_is_still_dropped_alone(tmp_path: Any, bad: str) ->
     from tests.unit.test_malformed_rows import CID, app, governed, malformed_count
 
     ids = ["ok1", "bad", "ok2"]
-    metas = '[{"mw_scope": "tenant"}, {"x": %s}, {"mw_scope": "tenant"}]' % bad
+    metas = '[{"mw_scope": "tenant", "mw_fleet": "red"}, {"x": %s}, {"mw_scope": "tenant", "mw_fleet": "red"}]' % bad
 
     def reply(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/get"):
