@@ -89,6 +89,11 @@ def _print(reports: list[Any], fmt: str, show: int, report_file: Optional[Path])
         out.print(f"  already governed {r.already} (left as they are; {r.restamped} {'would be ' if r.dry_run else ''}"
                   "re-stamped into the backend)",
                   markup=False)
+        if r.changing:
+            out.print(f"  changing {len(r.changing)} (stamped with other governance by an update that did not reach the "
+                      "ledger: withheld from reads, left as they are until their owner writes them again)", markup=False)
+            for row_id in r.changing[:show]:
+                out.print(f"    {row_id}", markup=False)
         out.print(f"  tombstoned {r.tombstoned} (never adopted again), pending {r.pending} (writes in flight, left alone)",
                   markup=False)
         out.print(f"  not covered {len(r.uncovered)} (not adopted: they stay denied)", markup=False)

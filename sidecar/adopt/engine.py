@@ -4,7 +4,9 @@ For each page the target yields (Chroma: ``page`` rows of a paged get; Mem0: one
 
 1. the ledger is asked for every id of the page;
    - a row it governs (active or superseded) is left exactly as it is — never widened, re-scoped or revived
-     — and re-stamped into the backend only if the backend's ``mw_*`` keys differ from the ledger's;
+     — and re-stamped into the backend only if the backend's ``mw_*`` keys differ from the ledger's, and not
+     when they name another governance in the ledger row's own ``mw_source`` (`may_restamp`: content an update
+     wrote before its ledger write, which reads withhold; reported as ``changing``, left as it is);
    - a tombstoned row is never adopted again (the reconciler deletes it from the backend); a pending one is a
      write in flight through the sidecar and is left alone;
 2. every other row gets its governance from the rules (`Rules.assign`); a row they do not cover, or whose
@@ -15,7 +17,8 @@ For each page the target yields (Chroma: ``page`` rows of a paged get; Mem0: one
    the backend where the profile stamps it on writes.
 
 The ledger is written before the backend: a crash between the two leaves rows governed but not yet stamped
-(the sidecar serves them by id as the ledger says; its filtered reads miss them until stamped), and the next
+(the sidecar serves them by id as the ledger says, unless the backend holds a stamp of other governance from
+before: `sidecar.governance.stamped_as`; its filtered reads miss them until stamped), and the next
 run stamps them. A re-run after a crash therefore ends in the state of an uninterrupted run; a run over a
 fully adopted collection changes nothing. Each adopted row records ``source`` ``<backend>:adopt:<rules
 sha256, 12 hex>``, writer ``adopt``, the rules' owner, fleet, scope, readers and labels, the content HMAC of its text,
@@ -33,7 +36,7 @@ from typing import Any, Callable, Protocol
 
 from sidecar.adopt.rules import Assignment, Rules, Uncovered, _Layer
 from sidecar.adopt.targets import Found
-from sidecar.governance import Row
+from sidecar.governance import Row, stamped_as
 from sidecar.ledger import Ledger, now_us
 from sidecar.provenance import content_digest
 
@@ -64,6 +67,7 @@ class Report:
     adopted: int = 0
     already: int = 0
     restamped: int = 0
+    changing: list[str] = field(default_factory=list)
     tombstoned: int = 0
     pending: int = 0
     by_scope: Counter[str] = field(default_factory=Counter)
@@ -77,11 +81,21 @@ class Report:
         return {
             "backend": self.backend, "collection": self.collection, "label": self.label, "dry_run": self.dry_run,
             "scanned": self.scanned, "adopted": self.adopted, "already_governed": self.already,
-            "restamped": self.restamped, "tombstoned": self.tombstoned, "pending": self.pending,
+            "restamped": self.restamped, "changing": self.changing, "tombstoned": self.tombstoned, "pending": self.pending,
             "by_scope": dict(sorted(self.by_scope.items())), "by_owner": dict(sorted(self.by_owner.items())),
             "by_rule": dict(sorted(self.by_rule.items())), "by_label": dict(sorted(self.by_label.items())),
             "uncovered": [{"id": i, "reason": r} for i, r in self.uncovered], "truncated": self.truncated,
         }
+
+
+def may_restamp(found: Found, row: Row) -> bool:
+    """Whether a governed row whose backend stamp differs from its ledger row (`Target.is_stamped`) may be stamped
+    from the ledger. Not when the stamp names other governance (`stamped_as`) and carries the row's own ``mw_source``
+    (so the sidecar or an adoption stamped it from this ledger row): that is content an update wrote to the backend
+    with its new governance before (or instead of, if killed) its ledger write, and stamping the old governance over
+    it would serve it on the old. Any other difference (keys missing or extra, a stamp from before the row was
+    adopted) is a stamp this ledger never wrote, and is replaced."""
+    return stamped_as(found.metadata, row) or found.metadata.get("mw_source") != row.source
 
 
 def _failpoint(spec: str) -> int | None:
@@ -140,7 +154,10 @@ def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list
             if row.status in ("active", "superseded"):
                 report.already += 1
                 if not target.is_stamped(found, row):
-                    restamp.append((found, row))
+                    if may_restamp(found, row):
+                        restamp.append((found, row))
+                    else:
+                        report.changing.append(found.row_id)
             elif row.status == "deleted":
                 report.tombstoned += 1
             else:
@@ -171,9 +188,10 @@ def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list
         if raced:  # registered by a concurrent write since we looked: governed, left as it is
             now = ledger.get_rows(target.backend, target.collection, [f.row_id for f in raced])
             report.already += len(raced)
-            restamp += [(f, now[f.row_id]) for f in raced
-                        if f.row_id in now and now[f.row_id].status in ("active", "superseded")
-                        and not target.is_stamped(f, now[f.row_id])]
+            stale = [(f, now[f.row_id]) for f in raced if f.row_id in now
+                     and now[f.row_id].status in ("active", "superseded") and not target.is_stamped(f, now[f.row_id])]
+            restamp += [(f, r) for f, r in stale if may_restamp(f, r)]
+            report.changing += [f.row_id for f, r in stale if not may_restamp(f, r)]
             new = [(f, r, a) for f, r, a in new if r.row_id in inserted]
     report.restamped += len(restamp)
     report.adopted += len(new)

@@ -186,19 +186,21 @@ def stamp(metadata: dict[str, Any] | None, row: Row, previous: Row | None = None
 CONTENT_COLUMNS = frozenset({"documents", "embeddings", "metadatas", "uris", "distances"})
 
 
-def stamped_include(include: Any) -> tuple[Any, bool, bool]:
+def stamped_include(include: Any, filtered: bool = False) -> tuple[Any, bool, bool]:
     """A read's `include` as sent to Chroma so that each row's stamp comes back with its content: (include to send,
-    whether the answer holds content (its rows are checked with `stamped_as`), whether ``metadatas`` was added
-    (then dropped from the rows and ``included`` before the answer leaves)). No `include` is Chroma's default,
-    which holds ``metadatas`` (get and query, API v2); one that is not a list is sent as it is (Chroma refuses it,
-    400); an empty one (ids only) holds no content."""
+    whether the answer depends on content (its rows are checked with `stamped_as`), whether ``metadatas`` was added
+    (then dropped from the rows and ``included`` before the answer leaves)). An answer depends on content when it
+    holds any (`CONTENT_COLUMNS`) or, with `filtered`, when Chroma chose or ranked its rows by content: a query, a
+    get with a client ``where`` or ``where_document`` — even ids alone then tell what the content matched. No
+    `include` is Chroma's default, which holds ``metadatas`` (get and query, API v2); one that is not a list is sent
+    as it is (Chroma refuses it, 400); an empty one of an unfiltered get (ids only) depends on no content."""
     if include is None:
         return None, True, False
     if type(include) is not list:
         return include, True, False
     if "metadatas" in include:
         return include, True, False
-    if not any(k in CONTENT_COLUMNS for k in include if type(k) is str):
+    if not filtered and not any(k in CONTENT_COLUMNS for k in include if type(k) is str):
         return include, False, False
     return [*include, "metadatas"], True, True
 
@@ -834,7 +836,10 @@ class ChromaProfile:
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)
-        if metas is not None or new_ids:
+        # Every row is stamped, an existing one too when the client sent no metadata (Chroma merges the stamp into
+        # its metadata): the content this write brings carries the governance it was decided under, so a read can
+        # tell it from content of another (`stamped_as`), also when a concurrent update re-scopes the row.
+        if metas is not None or new_ids or known:
             forwarded["metadatas"] = [
                 stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]],
                       known.get(ids[i]))
@@ -1044,17 +1049,18 @@ class ChromaProfile:
 
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
-                    keep: Any, early: bool = True) -> tuple[list[dict[str, Any]], list[str] | None]:
+                    keep: Any, early: bool = True, filtered: bool = False) -> tuple[list[dict[str, Any]], list[str] | None]:
         """Page through Chroma get and keep rows for which ``keep(batch_ids[, stamps]) -> set`` holds.
 
         Applies `offset`/`limit` over kept rows. Returns (rows, included). `early`: the ledger rows of `ids` (at
-        most a page of them) may be read while Chroma answers the first page. When `include` asks for content,
-        each row's stamp is fetched with it (`stamped_include`) and `keep` gets them (`_keep`); a row read early
-        whose stamp disagrees is read again first (`_reread_changing`).
+        most a page of them) may be read while Chroma answers the first page. When the answer depends on content
+        (`include` asks for some, or `filtered`: the client filtered by it), each row's stamp is fetched with it
+        (`stamped_include`) and `keep` gets them (`_keep`); a row read early whose stamp disagrees is read again
+        first (`_reread_changing`).
         """
         if limit == 0:
             return [], None
-        send, checked, added = stamped_include(include)
+        send, checked, added = stamped_include(include, filtered)
         rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
                                                include=send, checked=checked, offset=offset, limit=limit, keep=keep,
                                                early=early)
@@ -1151,7 +1157,8 @@ class ChromaProfile:
                 raise BadRequest("where must be an object")
             rows, included = await self._scan(
                 ex, rec, ids=ids, where=client_where, where_document=body.get("where_document"),
-                include=include, offset=offset, limit=limit, keep=self._keep(ex, rec))
+                include=include, offset=offset, limit=limit, keep=self._keep(ex, rec),
+                filtered=client_where is not None or body.get("where_document") is not None)
         self._decorate(ex, rec, rows)
         template = list(rows[0].keys()) if rows else ["ids"] + [k for k in (include or ["metadatas", "documents"]) if k in ("embeddings", "documents", "uris", "metadatas")]
         ex.row_ids = [r["ids"] for r in rows]
@@ -1178,13 +1185,13 @@ class ChromaProfile:
         early = b_ids is not None and whole and (limit is None or offset + limit >= len(b_ids))
         try:
             return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
-                                    offset=offset, limit=limit, keep=keep, early=early)
+                                    offset=offset, limit=limit, keep=keep, early=early, filtered=not whole)
         except BackendServerError:
             if not by_ids:
                 raise
             self._id_plan_failed(rec)
         return await self._scan(ex, rec, ids=None, where=where, where_document=where_document, include=include,
-                                offset=offset, limit=limit, keep=keep)
+                                offset=offset, limit=limit, keep=keep, filtered=not whole)
 
     async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "search")
@@ -1215,8 +1222,8 @@ class ChromaProfile:
         sent = (client_where, ids, False) if unfiltered else await self._pushdown(ex, rec, client_where, ids, where, mode)
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
-        send, checked, added = stamped_include(body.get("include"))
-        stamps: dict[str, Any] | None = None  # of the fetch being decided, when the answer holds content
+        send, checked, added = stamped_include(body.get("include"), filtered=True)  # ranked by content
+        stamps: dict[str, Any] | None = None  # of the fetch being decided
 
         def keep(batch: list[str]) -> set[str]:
             allowed = readable_of(batch, stamps) if checked else readable_of(batch)

@@ -544,12 +544,13 @@ class Mem0Profile:
             new, moved = await offloop.call(self.ledger, decide)
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
-        if "metadata" in body or moved:
-            meta = dict(plain)
-            if moved:
-                meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers),
-                             "mw_labels": list(new.labels)})
-            forwarded["metadata"] = meta
+        # Always the governance the update was decided under, with the source (Mem0 merges it into the memory's
+        # metadata): the text this update brings carries it, so a read tells it from text of another governance
+        # (`stamped_as`), also when a concurrent update re-scopes the memory.
+        meta = dict(plain) if "metadata" in body else {}
+        meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers),
+                     "mw_labels": list(new.labels), "mw_source": new.source})
+        forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):
             if "update-governance" in self.settings.failpoints:
@@ -586,10 +587,19 @@ class Mem0Profile:
     async def op_history(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
         self._require(ex, "list")
-        row = await self._readable_or_404_off_loop(ex, mid, *history_view(ex.query))
+        view = history_view(ex.query)
+        row = await self._readable_or_404_off_loop(ex, mid, *view)
         result = await self._call("GET", ["memories", mid, "history"])
         if not isinstance(result, list):
             raise UpstreamError("unexpected backend answer")
+        # The history holds the memory's latest text, whose stamp is the memory's: asked after the history, so a
+        # text the history holds was written before it. Decided as `op_get` decides it: 404 while the stamp
+        # disagrees with the ledger row (an update between its two writes, or killed there).
+        now = await self._call("GET", ["memories", mid])
+        stamp = now.get("metadata") if isinstance(now, dict) and now.get("id") == mid else None
+        if not stamped_as(stamp, row):
+            ex.rows_allowed -= 1  # counted again by the second decision
+            row = await self._readable_or_404_off_loop(ex, mid, *view, stamp=stamp)
         # Only this memory's own live entries: a DELETE entry (is_deleted) never leaves the sidecar.
         entries = [dict(e) for e in result if isinstance(e, dict) and e.get("memory_id") == mid
                    and not e.get("is_deleted") and e.get("event") != "DELETE"]
@@ -825,19 +835,23 @@ class Mem0Profile:
             if body.get(key) is not None:
                 req[key] = body[key]
         fetch = max(k * self.settings.overfetch_factor, 1)
-        decided: dict[str, bool] = {}
+        # id → the ledger row it was allowed on, or None (denied or withheld). A refill is a new Mem0 answer: a
+        # memory allowed on an earlier one is kept only while its stamp still agrees with that row, else decided
+        # again (an update landed between the two answers).
+        decided: dict[str, Row | None] = {}
         while True:
             rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch},
                                                                   idempotent=True))
             matching = [r for r in rows if compiled.matches(r)]
-            wanted = [r["id"] for r in matching if r["id"] not in decided]
+            stamps = {r["id"]: r.get("metadata") for r in matching}
+            wanted = [i for i, meta in stamps.items()
+                      if i not in decided or (decided[i] is not None and not stamped_as(meta, decided[i]))]
             if wanted:
-                stamps = {r["id"]: r.get("metadata") for r in matching}
                 async with self.authz.prefetched(ex, BACKEND, self.coll, wanted):  # one ledger trip off the loop (PostgreSQL)
-                    allowed = self.authz.readable(ex, BACKEND, self.coll, wanted, include_superseded, as_of,
-                                                  agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
-                decided.update({i: i in allowed for i in wanted})
-            kept = [r for r in matching if decided[r["id"]]]
+                    allowed = self.authz.readable_rows(ex, BACKEND, self.coll, wanted, include_superseded, as_of,
+                                                       agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
+                decided.update({i: allowed.get(i) for i in wanted})
+            kept = [r for r in matching if decided[r["id"]] is not None]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:
                 break
             fetch = min(fetch * 2, self.settings.max_scan_rows)  # refill: Mem0 search has no offset

@@ -204,11 +204,16 @@ def test_rerun_never_widens_a_governed_row(stack: Stack, world: Tenant, tmp_path
     wide.write_text(rules_text(world.name, "narrow", default_scope="tenant").replace('private = "agent"', 'private = "tenant"'))
     direct.add(ids=["late"], embeddings=unit_vectors(1, seed=5), documents=["late note"], metadatas=[{"author": "b1"}])
     rep = adopt(stack, wide)
-    assert rep["adopted"] == 1 and rep["restamped"] == 1
+    # The widened stamp carries the row's own mw_source: it cannot be told from the stamp of an update that wrote
+    # Chroma and never reached the ledger, whose content stamping the old governance would serve on the old. So it
+    # is reported, not re-stamped, and reads withhold the row (its stamp disagrees with the ledger) from everyone.
+    assert rep["adopted"] == 1 and rep["restamped"] == 0 and rep["changing"] == [private]
     assert ledger_state(stack, cid, ids) == before  # the governed rows keep their governance
-    assert direct.get(ids=[private])["metadatas"][0]["mw_scope"] == "agent"  # the widened stamp is put back
+    assert direct.get(ids=[private])["metadatas"][0]["mw_scope"] == "tenant"
     b2 = stack.client(world.keys["b2"], world.name).get_collection("narrow")
     assert private not in b2.get()["ids"] and "late" in b2.get()["ids"]  # late: fleet blue (b1), read by b2
+    r1 = stack.client(world.keys["r1"], world.name).get_collection("narrow")
+    assert r1.get(ids=[private])["ids"] == []  # its owner too, until it writes the row again
 
 
 def test_tombstoned_rows_and_deleted_content_never_come_back(stack: Stack, world: Tenant, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ An update of a row's content and governance writes Chroma first (the new content
 and the ledger second. Killed in between (``MEMWARDEN_FAILPOINTS=update-governance``, SIGKILL), Chroma holds the
 new content and the ledger the old governance for good: before the stamp check every read served the new content on
 the old governance. Now no read serves it, on any path, until the owner writes the row again; then each reader
-gets what the new governance gives it."""
+gets what the new governance gives it. `memwarden adopt` run in between reports the row and leaves it as it is."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from sidecar.harness import start_chroma, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, unit_vectors
+from tests.integration.test_adopt import adopt
 
 pytestmark = pytest.mark.integration
 V = unit_vectors(4, seed=5)
@@ -75,6 +76,13 @@ def test_an_update_killed_between_chroma_and_the_ledger_never_serves_its_content
             with stack.http(key) as http:
                 for text in reads(http, t.name, t.collection_id):
                     assert SECRET not in text and '"u"' not in text, text
+        # `memwarden adopt` over the collection does not stamp the ledger's governance over that content
+        rules = tmp_path / "rules.toml"
+        rules.write_text(f'tenant = "{t.name}"\n[[collection]]\nname = "{t.collection}"\nowner = "red/w"\nscope = "fleet"\n')
+        report = adopt(stack, rules)
+        assert report["changing"] == ["u"] and report["restamped"] == 0 and report["adopted"] == 0, report
+        with stack.http(peer) as http:
+            assert all(SECRET not in text for text in reads(http, t.name, t.collection_id))
         with stack.http(owner) as http:  # the owner writes the row again: ledger and Chroma agree
             r = http.post(data(t.name, t.collection_id, "update"), json={
                 "ids": ["u"], "embeddings": [V[0]], "documents": [SECRET], "metadatas": [{"mw_scope": "agent"}]})

@@ -24,6 +24,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from sidecar import Settings, create_app
+from sidecar.adopt.engine import may_restamp
+from sidecar.adopt.targets import Found
 from sidecar.backends.chroma import stamp
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.governance import Row, stamped_as
@@ -129,8 +131,16 @@ GET_BY_ID = ("get", {"ids": ["x"]})
 GET_ALL = ("get", {})
 QUERY = ("query", {"query_embeddings": [[0.1, 0.2]], "n_results": 1})
 DOCUMENTS_ONLY = ("get", {"ids": ["x"], "include": ["documents"]})
-READS = [GET_BY_ID, GET_ALL, QUERY, DOCUMENTS_ONLY]
-READ_IDS = ["get-by-id", "get-all", "query", "get-documents-only"]
+# ids alone, but chosen by content (a filter Chroma evaluates on it, a ranking by it): an oracle for the content
+MATCHED_IDS = ("get", {"ids": ["x"], "include": [], "where_document": {"$contains": "text"}})
+FILTERED_IDS = ("get", {"where": {"topic": "t"}, "include": []})
+RANKED_IDS = ("query", {"query_embeddings": [[0.1, 0.2]], "n_results": 1, "include": []})
+READS = [GET_BY_ID, GET_ALL, QUERY, DOCUMENTS_ONLY, MATCHED_IDS, FILTERED_IDS, RANKED_IDS]
+READ_IDS = ["get-by-id", "get-all", "query", "get-documents-only", "matched-ids", "filtered-ids", "ranked-ids"]
+
+
+def served_x(got: httpx.Response) -> bool:
+    return "x" in json.dumps(got.json()["ids"])
 
 
 @pytest.mark.parametrize("read", READS, ids=READ_IDS)
@@ -140,9 +150,9 @@ def test_chroma_new_content_before_its_narrowed_ledger_row_is_not_served(make_le
     w = ChromaWorld(make_ledger, "fleet", {"scope": "agent"})
     w.during = w.update.write
     got = w.post(*read)
-    assert NEW not in got.text and "x" not in json.dumps(got.json()["ids"])
+    assert NEW not in got.text and not served_x(got)
     w.update.govern()  # A lands: the row is the owner's alone, and the reader still sees nothing of it
-    assert NEW not in w.post(*read).text
+    assert not served_x(w.post(*read))
 
 
 @pytest.mark.parametrize("read", READS, ids=READ_IDS)
@@ -152,7 +162,7 @@ def test_chroma_new_content_with_its_narrowed_ledger_row_landing_meanwhile_is_no
     w = ChromaWorld(make_ledger, "fleet", {"scope": "agent"})
     w.during = lambda: (w.update.write(), w.update.govern())
     got = w.post(*read)
-    assert NEW not in got.text and "x" not in json.dumps(got.json()["ids"])
+    assert NEW not in got.text and not served_x(got)
 
 
 @pytest.mark.parametrize("read", READS, ids=READ_IDS)
@@ -162,10 +172,10 @@ def test_chroma_old_content_under_a_widened_ledger_row_is_not_served(make_ledger
     w = ChromaWorld(make_ledger, "agent", {"scope": "fleet"})
     w.after_answer = lambda: (w.update.write(), w.update.govern())
     got = w.post(*read)
-    assert OLD not in got.text
-    if read is QUERY:  # read after the answer: withheld, never decided on the wider row
-        assert got.json()["ids"] == [[]]
-    assert NEW in w.post(*read).text  # the next read pairs the new content with the new governance
+    # a ledger read before the answer: not the reader's (Cedar); after it: withheld, never decided on the wider row
+    assert OLD not in got.text and not served_x(got)
+    again = w.post(*read)  # the next read pairs the new content with the new governance
+    assert served_x(again) and OLD not in again.text
 
 
 @pytest.mark.parametrize("read", READS, ids=READ_IDS)
@@ -173,10 +183,11 @@ def test_chroma_a_consistent_row_is_served_and_an_early_read_is_read_again(make_
     """The control: a label added with new content keeps the row the reader's. Landing during the answer, the
     early read (old labels) disagrees with the stamp, is read again and then served with the new content."""
     w = ChromaWorld(make_ledger, "fleet", {"labels": ("ops",)})
-    assert OLD in w.post(*read).text  # nothing racing: served
+    first = w.post(*read)  # nothing racing: served
+    assert served_x(first) and NEW not in first.text
     w.during = lambda: (w.update.write(), w.update.govern())
     got = w.post(*read)
-    assert NEW in got.text and "x" in json.dumps(got.json()["ids"])
+    assert served_x(got) and OLD not in got.text
 
 
 def test_chroma_the_stamp_is_fetched_and_not_shown_when_the_client_did_not_ask_for_metadata(make_ledger: Any) -> None:
@@ -189,7 +200,88 @@ def test_chroma_the_stamp_is_fetched_and_not_shown_when_the_client_did_not_ask_f
     assert w.sent[-1]["include"] == ["distances", "metadatas"]
     assert q["ids"] == [["x"]] and q["metadatas"] is None and q["included"] == ["distances"]
     ids_only = w.post("get", {"ids": ["x"], "include": []}).json()
-    assert w.sent[-1]["include"] == [] and ids_only["ids"] == ["x"]  # no content: no stamp needed
+    assert w.sent[-1]["include"] == [] and ids_only["ids"] == ["x"]  # no content, not chosen by it: no stamp needed
+    ranked = w.post("query", {"query_embeddings": [[0.1]], "n_results": 1, "include": []}).json()
+    assert w.sent[-1]["include"] == ["metadatas"] and ranked["metadatas"] is None and ranked["included"] == []
+    matched = w.post("get", {"ids": ["x"], "include": [], "where_document": {"$contains": "t"}}).json()
+    assert w.sent[-1]["include"] == ["metadatas"] and matched["metadatas"] is None and matched["ids"] == ["x"]
+
+
+class MergingStore:
+    """Chroma's get and update over one dict of records: an update merges its metadata into the record's (a null
+    value deletes the key), as Chroma 1.x does. `on_update(body)` runs instead of applying an update itself."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.on_update: Callable[[dict[str, Any]], Any] | None = None
+
+    def apply(self, body: dict[str, Any]) -> None:
+        for n, i in enumerate(body["ids"]):
+            r = self.rows[i]
+            if body.get("documents") is not None:
+                r["documents"] = body["documents"][n]
+            for k, v in ((body.get("metadatas") or [None] * len(body["ids"]))[n] or {}).items():
+                if v is None:
+                    r["metadatas"].pop(k, None)
+                else:
+                    r["metadatas"][k] = v
+
+    async def reply(self, request: httpx.Request) -> httpx.Response:
+        op = request.url.path.rsplit("/", 1)[1]
+        body = json.loads(request.content)
+        if op == "get":
+            ids = [i for i in (body.get("ids") or list(self.rows)) if i in self.rows]
+            include = body.get("include") or ["metadatas", "documents"]
+            return httpx.Response(200, json={"ids": ids, "included": include, **{
+                k: [self.rows[i][k] for i in ids] for k in ("documents", "metadatas") if k in include}})
+        if op == "update":
+            if self.on_update is not None:
+                await self.on_update(body)
+            else:
+                self.apply(body)
+            return httpx.Response(200, json=True)
+        return httpx.Response(404, json={"error": "NotFound"})
+
+
+def test_chroma_a_content_update_racing_a_rescope_is_not_served_on_the_wider_scope(make_ledger: Any) -> None:
+    """U1 widens x (metadata only), U2 rewrites its text (documents only), decided while x was the owner's alone.
+    Chroma takes U1 then U2; the ledger U2 then U1. Each update stamps the governance it was decided under, so
+    Chroma ends with U2's text stamped agent and the ledger with fleet: withheld, not served to the fleet."""
+    ledger = make_ledger()
+    ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
+    _, owner = ledger.create_key("agent", "t", "blue", "w", 1)
+    _, reader = ledger.create_key("agent", "t", "blue", "r", 1)
+    x = x_row("chroma", CID, "agent")
+    ledger.reserve_rows([x])
+    ledger.activate_rows("chroma", CID, ["x"])
+    store = MergingStore()
+    store.rows["x"] = {"documents": OLD, "metadatas": stamp({}, x)}
+    app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", reconcile_interval_s=0,
+                              policy_watch_interval_s=0, ledger_async=make_ledger.asynchronous, id_pushdown_max=0),
+                     transport=httpx.MockTransport(store.reply), ledger=ledger)
+
+    async def run() -> tuple[httpx.Response, list[dict[str, Any]]]:
+        sent: list[dict[str, Any]] = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sidecar") as c:
+            async def on_update(body: dict[str, Any]) -> None:
+                sent.append(body)
+                store.apply(body)
+                if len(sent) == 1:  # U1 reached Chroma; U2 runs whole before U1's ledger write
+                    u2 = await c.post(f"{BASE}/update", json={"ids": ["x"], "documents": [NEW]},
+                                      headers={"X-API-Key": owner})
+                    assert u2.status_code == 200, u2.text
+            store.on_update = on_update
+            u1 = await c.post(f"{BASE}/update", json={"ids": ["x"], "metadatas": [{"mw_scope": "fleet"}]},
+                              headers={"X-API-Key": owner})
+            assert u1.status_code == 200, u1.text
+            return await c.post(f"{BASE}/get", json={"ids": ["x"]}, headers={"X-API-Key": reader}), sent
+    async def main() -> tuple[httpx.Response, list[dict[str, Any]]]:
+        async with app.router.lifespan_context(app):
+            return await run()
+    got, sent = asyncio.run(main())
+    assert got.status_code == 200 and NEW not in got.text and got.json()["ids"] == []
+    assert sent[1]["metadatas"][0]["mw_scope"] == "agent"  # the content-only update stamped what it was decided on
+    assert ledger.get_rows("chroma", CID, ["x"])["x"].scope == "fleet" and store.rows["x"]["documents"] == NEW
 
 
 # -- Mem0 -------------------------------------------------------------------------------------------------------
@@ -205,6 +297,7 @@ class Mem0World:
         self.update = Update(self.ledger, before, dataclasses.replace(before, **after))
         self.during: Callable[[], None] = lambda: None
         self.after_answer: Callable[[], None] = lambda: None
+        self.searches = 0
         app = create_app(Settings(policies_dir=POLICIES, backend_url="http://mem0:9", backend="mem0",
                                   reconcile_interval_s=0, policy_watch_interval_s=0,
                                   ledger_async=make_ledger.asynchronous),
@@ -220,8 +313,19 @@ class Mem0World:
         path = request.url.path
         if path == "/memories/x":
             answer: Any = memory
-        elif path in ("/memories", "/search"):
+        elif path == "/memories/x/history":
+            answer = [{"id": "h1", "memory_id": "x", "old_memory": None, "new_memory": OLD, "event": "ADD"}]
+            if u.content == NEW:
+                answer.append({"id": "h2", "memory_id": "x", "old_memory": OLD, "new_memory": NEW, "event": "UPDATE"})
+        elif path == "/memories":
             answer = {"results": [memory]}
+        elif path == "/search":
+            self.searches += 1
+            # x, then on the first search memories the ledger does not know (never served) up to top_k: a full
+            # answer short of readable memories, so the search asks again (a refill), which ends the search
+            top_k = json.loads(request.content)["top_k"] if self.searches == 1 else 1
+            answer = {"results": [memory] + [{"id": f"u{i}", "memory": "?", "agent_id": "t/blue/w", "metadata": {}}
+                                             for i in range(top_k - 1)]}
         else:
             return httpx.Response(404, json={"detail": "not found"})
         self.after_answer()
@@ -233,10 +337,12 @@ class Mem0World:
             return self.client.get("/memories/x", headers=headers)
         if how == "list":
             return self.client.get("/memories", params={"agent_id": "blue/w"}, headers=headers)
+        if how == "history":
+            return self.client.get("/memories/x/history", headers=headers)
         return self.client.post("/search", json={"query": "text", "agent_id": "blue/w"}, headers=headers)
 
 
-MEM0_READS = ["get", "list", "search"]
+MEM0_READS = ["get", "list", "search", "history"]
 
 
 def served(got: httpx.Response) -> bool:
@@ -244,6 +350,8 @@ def served(got: httpx.Response) -> bool:
         return False
     assert got.status_code == 200, got.text
     body = got.json()
+    if isinstance(body, list):  # a history
+        return any(e["memory_id"] == "x" for e in body)
     return body.get("id") == "x" if "results" not in body else any(m["id"] == "x" for m in body["results"])
 
 
@@ -264,7 +372,7 @@ def test_mem0_old_text_under_a_widened_ledger_row_is_not_served(make_ledger: Any
     w.after_answer = lambda: (w.update.write(), w.update.govern())
     got = w.read(how)
     assert OLD not in got.text
-    if how == "get":  # decided on the ledger before Mem0 is asked (not the reader's yet): 404, Mem0 not called
+    if how in ("get", "history"):  # decided on the ledger before Mem0 is asked (not the reader's yet): 404
         assert got.status_code == 404 and w.update.content == OLD
         w.update.write()
         w.update.govern()
@@ -280,6 +388,16 @@ def test_mem0_a_consistent_memory_is_served_and_an_early_read_is_read_again(make
     w.during = lambda: (w.update.write(), w.update.govern())
     got = w.read(how)
     assert served(got) and NEW in got.text
+
+
+def test_mem0_a_search_refill_decides_again_a_memory_whose_stamp_changed(make_ledger: Any) -> None:
+    """The first answer holds x under its old governance (allowed) and too few readable memories; before the refill
+    is answered, the update writes Mem0 (new text, narrowed) and not yet the ledger. The refill's x is not the one
+    the first decision was made on: decided again, and withheld."""
+    w = Mem0World(make_ledger, "fleet", {"scope": "agent"})
+    w.after_answer = lambda: setattr(w, "during", w.update.write)  # lands while the refill is answered
+    got = w.read("search")
+    assert w.searches == 2 and NEW not in got.text and not served(got)
 
 
 # -- the stamp comparison itself ----------------------------------------------------------------------------------
@@ -299,3 +417,18 @@ def test_stamped_as_compares_what_an_update_changes_in_both_stamp_forms() -> Non
     # an update that empties readers and labels sends them as null (Chroma deletes the keys)
     emptied = stamp({}, plain, previous=row)
     assert emptied["mw_readers"] is None and stamped_as(emptied, plain)
+
+
+def test_adopt_never_restamps_content_an_update_stamped_with_other_governance() -> None:
+    """`memwarden adopt` over a governed row whose stamp differs from its ledger row: re-stamped when this ledger
+    never wrote that stamp (keys missing, or another source's stamp from before adoption), not when it carries
+    the row's own source and other governance (an update's content, written before its ledger write)."""
+    row = dataclasses.replace(x_row("chroma", CID, "fleet"), source="chroma:add:r1")
+    narrowed = dataclasses.replace(row, scope="agent")
+    assert not may_restamp(Found("x", stamp({"k": 1}, narrowed), NEW), row)
+    assert not may_restamp(Found("x", Mem0Profile._stamp({}, narrowed), NEW), row)
+    partial = {k: v for k, v in stamp({}, row).items() if k != "mw_writer"}
+    assert may_restamp(Found("x", partial, OLD), row)  # same governance, a key missing
+    foreign = stamp({}, dataclasses.replace(narrowed, source="chroma:add:elsewhere"))
+    assert may_restamp(Found("x", foreign, OLD), row)  # stamped before this ledger governed it
+    assert may_restamp(Found("x", {"k": 1}, OLD), row)  # never stamped
