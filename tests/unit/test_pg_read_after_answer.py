@@ -1,9 +1,10 @@
 """A query under the ledger's id list decides the rows the backend returned on ledger rows read after the backend
 answered, on PostgreSQL too, where the list and the rows could come from one statement (`visible_rows`): an update
 that rewrites a row's content in Chroma and narrows its scope in the ledger may complete between the list and the
-answer, and the new content must not be served on the old scope. A get without ids and a count, which read their
-listed rows early anyway, take the one statement. Real PostgreSQL ledger (`tests.pgutil`); the backend is an
-`httpx.MockTransport` that narrows the row while it "answers"."""
+answer, and the new content must not be served on the old scope (the stamp check, docs/design.md §2.6, guards it
+too: `tests/unit/test_update_race.py`). A get without ids and a count, which read their listed rows early anyway,
+take the one statement. Real PostgreSQL ledger (`tests.pgutil`); the backend is an `httpx.MockTransport` that
+narrows the row while it "answers", and answers the content stamped as the update stamps it."""
 
 from __future__ import annotations
 
