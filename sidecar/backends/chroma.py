@@ -182,25 +182,23 @@ def stamp(metadata: dict[str, Any] | None, row: Row, previous: Row | None = None
     return out
 
 
-# The include items whose columns hold a row's content (a distance is computed from its embedding).
-CONTENT_COLUMNS = frozenset({"documents", "embeddings", "metadatas", "uris", "distances"})
-
-
 def stamped_include(include: Any, filtered: bool = False) -> tuple[Any, bool, bool]:
     """A read's `include` as sent to Chroma so that each row's stamp comes back with its content: (include to send,
     whether the answer depends on content (its rows are checked with `stamped_as`), whether ``metadatas`` was added
-    (then dropped from the rows and ``included`` before the answer leaves)). An answer depends on content when it
-    holds any (`CONTENT_COLUMNS`) or, with `filtered`, when Chroma chose or ranked its rows by content: a query, a
-    get with a client ``where`` or ``where_document`` — even ids alone then tell what the content matched. No
-    `include` is Chroma's default, which holds ``metadatas`` (get and query, API v2); one that is not a list is sent
-    as it is (Chroma refuses it, 400); an empty one of an unfiltered get (ids only) depends on no content."""
+    (then dropped from the rows and ``included`` before the answer leaves)). An answer depends on content when its
+    `include` names any column (documents, embeddings, metadatas, uris, data, distances: a distance is computed from
+    the embedding; a name Chroma does not know is refused by it, 400) or, with `filtered`, when Chroma chose or ranked
+    its rows by content: a query, a get with a client ``where`` or ``where_document`` — even ids alone then tell what
+    the content matched. No `include` is Chroma's default, which holds ``metadatas`` (get and query, API v2); one
+    that is not a list is sent as it is (Chroma refuses it, 400); only an empty one of an unfiltered get (ids
+    alone) depends on no content."""
     if include is None:
         return None, True, False
     if type(include) is not list:
         return include, True, False
     if "metadatas" in include:
         return include, True, False
-    if not filtered and not any(k in CONTENT_COLUMNS for k in include if type(k) is str):
+    if not include and not filtered:
         return include, False, False
     return [*include, "metadatas"], True, True
 

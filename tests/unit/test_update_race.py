@@ -199,6 +199,9 @@ def test_chroma_the_stamp_is_fetched_and_not_shown_when_the_client_did_not_ask_f
     q = w.post("query", {"query_embeddings": [[0.1]], "n_results": 1, "include": ["distances"]}).json()
     assert w.sent[-1]["include"] == ["distances", "metadatas"]
     assert q["ids"] == [["x"]] and q["metadatas"] is None and q["included"] == ["distances"]
+    for columns in (["uris"], ["data"], ["embeddings", "uris"]):  # every column but none at all is content
+        w.post("get", {"ids": ["x"], "include": columns})
+        assert w.sent[-1]["include"] == [*columns, "metadatas"]
     ids_only = w.post("get", {"ids": ["x"], "include": []}).json()
     assert w.sent[-1]["include"] == [] and ids_only["ids"] == ["x"]  # no content, not chosen by it: no stamp needed
     ranked = w.post("query", {"query_embeddings": [[0.1]], "n_results": 1, "include": []}).json()
