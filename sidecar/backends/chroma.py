@@ -834,13 +834,18 @@ class ChromaProfile:
         ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
 
         forwarded = dict(body)
-        # Every row is stamped, an existing one too when the client sent no metadata (Chroma merges the stamp into
-        # its metadata): the content this write brings carries the governance it was decided under, so a read can
-        # tell it from content of another (`stamped_as`), also when a concurrent update re-scopes the row.
-        if metas is not None or new_ids or known:
+        # Stamped: new rows, and existing rows whose governance this write changes. An existing row whose governance
+        # stays gets the client's own metadata only (None: none; Chroma merges it into the row's): its stamp is left
+        # as it is, so this write commutes with another update of the row in flight, whose new stamp it would
+        # otherwise overwrite with the old governance and so pair that update's content with it (`stamped_as`).
+        regoverned = {r.row_id for r in changed if (r.scope, r.fleet, r.readers, r.labels) != (
+            known[r.row_id].scope, known[r.row_id].fleet, known[r.row_id].readers, known[r.row_id].labels)}
+        if metas is not None or new_ids or regoverned:
             forwarded["metadatas"] = [
                 stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]],
                       known.get(ids[i]))
+                if ids[i] in new_ids or ids[i] in regoverned else
+                (split[i][0] if metas and metas[i] is not None else None)
                 for i in range(len(ids))
             ]
         new_rows = [final[i] for i in new_ids]

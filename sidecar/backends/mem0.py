@@ -544,13 +544,15 @@ class Mem0Profile:
             new, moved = await offloop.call(self.ledger, decide)
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
-        # Always the governance the update was decided under, with the source (Mem0 merges it into the memory's
-        # metadata): the text this update brings carries it, so a read tells it from text of another governance
-        # (`stamped_as`), also when a concurrent update re-scopes the memory.
-        meta = dict(plain) if "metadata" in body else {}
-        meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers),
-                     "mw_labels": list(new.labels), "mw_source": new.source})
-        forwarded["metadata"] = meta
+        # The new governance is stamped only when it changes (Mem0 merges metadata into the memory's): an update
+        # that keeps it leaves the stamp as it is, so it commutes with another update in flight, whose new stamp it
+        # would otherwise overwrite with the old governance (`stamped_as`; `ChromaProfile._write` alike).
+        if "metadata" in body or moved:
+            meta = dict(plain)
+            if moved:
+                meta.update({"mw_scope": new.scope, "mw_fleet": new.fleet, "mw_readers": list(new.readers),
+                             "mw_labels": list(new.labels)})
+            forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
         if moved or isinstance(text, str):
             if "update-governance" in self.settings.failpoints:

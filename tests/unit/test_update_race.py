@@ -246,15 +246,18 @@ class MergingStore:
         return httpx.Response(404, json={"error": "NotFound"})
 
 
-def test_chroma_a_content_update_racing_a_rescope_is_not_served_on_the_wider_scope(make_ledger: Any) -> None:
-    """U1 widens x (metadata only), U2 rewrites its text (documents only), decided while x was the owner's alone.
-    Chroma takes U1 then U2; the ledger U2 then U1. Each update stamps the governance it was decided under, so
-    Chroma ends with U2's text stamped agent and the ledger with fleet: withheld, not served to the fleet."""
+@pytest.mark.parametrize("second", [{"metadatas": [{"topic": "u2"}]}, {"documents": ["third text"]}],
+                         ids=["metadata-only", "content-only"])
+def test_chroma_an_update_keeping_governance_leaves_another_updates_stamp(make_ledger: Any, second: Any) -> None:
+    """U1 rewrites x's text and narrows it to its owner; between U1's Chroma write and its ledger write, U2 (plain
+    metadata or text only, decided on the ledger's fleet scope) runs whole. U2 must not stamp the fleet scope over
+    U1's stamp: the fleet reader would be served U1's text meanwhile, and after U1's ledger write x would be withheld
+    from everyone. U2 leaves the stamp alone, so its write commutes with U1's."""
     ledger = make_ledger()
     ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     _, owner = ledger.create_key("agent", "t", "blue", "w", 1)
     _, reader = ledger.create_key("agent", "t", "blue", "r", 1)
-    x = x_row("chroma", CID, "agent")
+    x = x_row("chroma", CID, "fleet")
     ledger.reserve_rows([x])
     ledger.activate_rows("chroma", CID, ["x"])
     store = MergingStore()
@@ -262,29 +265,35 @@ def test_chroma_a_content_update_racing_a_rescope_is_not_served_on_the_wider_sco
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", reconcile_interval_s=0,
                               policy_watch_interval_s=0, ledger_async=make_ledger.asynchronous, id_pushdown_max=0),
                      transport=httpx.MockTransport(store.reply), ledger=ledger)
+    seen: dict[str, httpx.Response] = {}
 
-    async def run() -> tuple[httpx.Response, list[dict[str, Any]]]:
-        sent: list[dict[str, Any]] = []
+    async def run() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sidecar") as c:
+            def get(key: str) -> Any:
+                return c.post(f"{BASE}/get", json={"ids": ["x"]}, headers={"X-API-Key": key})
+
             async def on_update(body: dict[str, Any]) -> None:
-                sent.append(body)
                 store.apply(body)
-                if len(sent) == 1:  # U1 reached Chroma; U2 runs whole before U1's ledger write
-                    u2 = await c.post(f"{BASE}/update", json={"ids": ["x"], "documents": [NEW]},
-                                      headers={"X-API-Key": owner})
-                    assert u2.status_code == 200, u2.text
+                if len(seen) == 0:  # U1 reached Chroma: U2 runs whole, and the reader reads, before U1's ledger write
+                    seen["u2"] = await c.post(f"{BASE}/update", json={"ids": ["x"], **second},
+                                              headers={"X-API-Key": owner})
+                    seen["meanwhile"] = await get(reader)
             store.on_update = on_update
-            u1 = await c.post(f"{BASE}/update", json={"ids": ["x"], "metadatas": [{"mw_scope": "fleet"}]},
-                              headers={"X-API-Key": owner})
+            u1 = await c.post(f"{BASE}/update", json={"ids": ["x"], "documents": [NEW],
+                                                      "metadatas": [{"mw_scope": "agent"}]}, headers={"X-API-Key": owner})
             assert u1.status_code == 200, u1.text
-            return await c.post(f"{BASE}/get", json={"ids": ["x"]}, headers={"X-API-Key": reader}), sent
-    async def main() -> tuple[httpx.Response, list[dict[str, Any]]]:
+            seen["reader"], seen["owner"] = await get(reader), await get(owner)
+
+    async def main() -> None:
         async with app.router.lifespan_context(app):
-            return await run()
-    got, sent = asyncio.run(main())
-    assert got.status_code == 200 and NEW not in got.text and got.json()["ids"] == []
-    assert sent[1]["metadatas"][0]["mw_scope"] == "agent"  # the content-only update stamped what it was decided on
-    assert ledger.get_rows("chroma", CID, ["x"])["x"].scope == "fleet" and store.rows["x"]["documents"] == NEW
+            await run()
+    asyncio.run(main())
+    assert seen["u2"].status_code == 200, seen["u2"].text
+    assert store.rows["x"]["metadatas"]["mw_scope"] == "agent"  # U1's stamp stands
+    assert seen["meanwhile"].json()["ids"] == [] and NEW not in seen["meanwhile"].text
+    assert seen["reader"].json()["ids"] == []  # the owner's alone now
+    assert seen["owner"].json()["ids"] == ["x"]  # and not withheld from its owner
+    assert seen["owner"].json()["documents"] == [store.rows["x"]["documents"]]
 
 
 # -- Mem0 -------------------------------------------------------------------------------------------------------
