@@ -91,7 +91,7 @@ def _print(reports: list[Any], fmt: str, show: int, report_file: Optional[Path])
                   markup=False)
         if r.changing:
             out.print(f"  changing {len(r.changing)} (stamped with other governance by an update that did not reach the "
-                      "ledger: withheld from reads, left as they are until their owner writes them again)", markup=False)
+                      "ledger: withheld from reads, left as they are until their owner updates their governance again)", markup=False)
             for row_id in r.changing[:show]:
                 out.print(f"    {row_id}", markup=False)
         out.print(f"  tombstoned {r.tombstoned} (never adopted again), pending {r.pending} (writes in flight, left alone)",
