@@ -927,8 +927,7 @@ class ChromaProfile:
         include_superseded, as_of = history_view(ex.query)
 
         def keep(batch: list[str], stamps: dict[str, Any] | None = None) -> set[str]:
-            agrees = None if stamps is None else (lambda row: stamped_as(stamps.get(row.row_id), row))
-            return self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of, agrees=agrees)
+            return self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of, stamps=stamps)
         return keep
 
     async def _reread_changing(self, ex: Exchange, rec: CollectionRecord, stamps: dict[str, Any]) -> None:

@@ -260,8 +260,8 @@ class Mem0Profile:
         """The ledger row of `memory_id` if the caller may read it (a superseded one only with
         `include_superseded`, or the one current at `as_of`); 404 (one message) otherwise. `stamp`: the memory's
         metadata as Mem0 answered it, which must have been stamped under the row's governance (`stamped_as`)."""
-        agrees = None if stamp is None else (lambda row: stamped_as(stamp, row))
-        allowed = self.authz.readable_rows(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of, agrees=agrees)
+        allowed = self.authz.readable_rows(ex, BACKEND, self.coll, [memory_id], include_superseded, as_of,
+                                           stamps=None if stamp is None else {memory_id: stamp})
         if memory_id not in allowed:
             ex.decision = "deny"
             raise NotFound(NOT_FOUND)
@@ -688,7 +688,7 @@ class Mem0Profile:
         stamps = {r["id"]: r.get("metadata") for r in rows}
         async with self.authz.prefetched(ex, BACKEND, self.coll, ids):  # one ledger trip off the loop (PostgreSQL)
             allowed = self.authz.readable(ex, BACKEND, self.coll, ids, include_superseded, as_of,
-                                          agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
+                                          stamps=stamps)
         kept = [r for r in rows if r["id"] in allowed][:top_k]
         await self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
@@ -851,7 +851,7 @@ class Mem0Profile:
             if wanted:
                 async with self.authz.prefetched(ex, BACKEND, self.coll, wanted):  # one ledger trip off the loop (PostgreSQL)
                     allowed = self.authz.readable_rows(ex, BACKEND, self.coll, wanted, include_superseded, as_of,
-                                                       agrees=lambda row: stamped_as(stamps.get(row.row_id), row))
+                                                       stamps=stamps)
                 decided.update({i: allowed.get(i) for i in wanted})
             kept = [r for r in matching if decided[r["id"]] is not None]
             if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:

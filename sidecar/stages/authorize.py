@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 import structlog
 
 from sidecar.errors import Forbidden, Unauthorized
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities
+from sidecar.governance import Principal, Row, deployment_entity, fleet_entity, row_entities, stamped_as
 from sidecar.ledger import Ledger, offloop
 from sidecar.policy import CedarRequest, Decision, canonical_json
 from sidecar.stages.canonicalize import well_formed
@@ -541,18 +541,19 @@ class Authorizer:
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True,
-                 agrees: Callable[[Row], bool] | None = None) -> set[str]:
+                 stamps: Mapping[str, Any] | None = None) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
-        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count, agrees))
+        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count, stamps))
 
     def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                       include_superseded: bool = False, as_of: int | None = None, count: bool = True,
-                      agrees: Callable[[Row], bool] | None = None) -> dict[str, Row]:
+                      stamps: Mapping[str, Any] | None = None) -> dict[str, Row]:
         """Like `readable`, returning the ledger rows. By default only ``active`` rows are servable;
         `include_superseded` adds superseded ones; `as_of` (UTC µs) serves the rows that were current
         then (created by then and not yet superseded). Deleted and pending rows are never servable.
-        `agrees` (the backend's answer holds the rows' content): False for a ledger row whose governance is not
-        the one the backend's copy was written under (`CHANGING_ROW`: never decided on, never served).
+        `stamps` (id → the metadata the backend answered with the row's content, when the answer depends on
+        content): a ledger row whose governance is not the one that metadata was stamped under
+        (`sidecar.governance.stamped_as`) is withheld (`CHANGING_ROW`: never decided on, never served).
 
         With `count` (the rows a response is made of, not auxiliary checks such as links to other rows)
         the outcome of every id is added to the exchange: ``rows_allowed``, ``rows_denied`` (Cedar),
@@ -579,7 +580,7 @@ class Authorizer:
                 withheld.append(UNKNOWN_ROW)
             elif not ((current and row.status == "active") or servable(row, include_superseded, as_of)):
                 withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
-            elif agrees is not None and not agrees(row):
+            elif stamps is not None and not stamped_as(stamps.get(row.row_id), row):
                 withheld.append(CHANGING_ROW)
             else:
                 candidates.append(row)
