@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sidecar.core.visibility import visibility
 from sidecar.governance import Principal
 
 Counts = list[tuple[str, str, str, tuple[str, ...], str, int]]  # scope, fleet, owner, readers, status, rows
@@ -43,33 +44,24 @@ class Plan:
 
 
 def admitted_share(p: Principal, counts: Counts, wide: bool = False) -> float | None:
-    """Share of a collection's rows (any status) that are active and admitted by `p`'s visibility
-    filter (`sidecar.backends.chroma.visibility_where`: mode ``scope``, or with `wide` mode ``tenant``);
-    None for an empty collection."""
+    """Share of a collection's rows (any status) that are active and admitted by `p`'s visibility predicate
+    (`sidecar.core.visibility.visibility`: mode ``scope``, or with `wide` mode ``tenant``); None for an empty
+    collection."""
     total = sum(c[5] for c in counts)
     if not total:
         return None
-    me = p.uid[1]
-    ok = 0
-    for scope, fleet, owner, readers, status, n in counts:
-        if status == "active" and admits(p, me, scope, fleet, owner, readers, wide):
-            ok += n
+    v = visibility(p, "tenant" if wide else "scope")
+    ok = sum(n for scope, fleet, owner, readers, status, n in counts
+             if status == "active" and v.matches(scope, fleet, owner, readers))
     return ok / total
 
 
-def admits(p: Principal, me: str, scope: str, fleet: str, owner: str, readers: tuple[str, ...], wide: bool) -> bool:
-    """Whether `p`'s visibility filter (`visibility_where`, mode ``tenant`` when `wide`) admits a row of `p`'s tenant
-    with these governance columns; `me` is ``p.uid[1]``."""
-    return wide or p.kind == "admin" or scope == "tenant" or (scope == "agent" and owner == me) \
-        or (scope == "fleet" and (p.trust >= 2 or fleet == p.fleet)) or (scope == "restricted" and me in readers)
-
-
 def admitted_count(p: Principal, counts: Counts, wide: bool = False) -> int:
-    """Rows of a collection that are neither deleted nor pending and that `p`'s visibility filter admits
+    """Rows of a collection that are neither deleted nor pending and that `p`'s visibility predicate admits
     (what `Ledger.visible_row_ids` lists, as of `counts`)."""
-    me = p.uid[1]
+    v = visibility(p, "tenant" if wide else "scope")
     return sum(n for scope, fleet, owner, readers, status, n in counts
-               if status not in ("deleted", "pending") and admits(p, me, scope, fleet, owner, readers, wide))
+               if status not in ("deleted", "pending") and v.matches(scope, fleet, owner, readers))
 
 
 def overfetch_size(share: float, k: int, factor: int, cap: int) -> int | None:

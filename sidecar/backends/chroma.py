@@ -31,6 +31,7 @@ import structlog
 
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
+from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
@@ -116,35 +117,34 @@ def check_client_where(where: Any, name: str = "where") -> None:
 
 
 def visibility_where(p: Principal, mode: str) -> dict[str, Any]:
-    """The caller's visibility filter in Chroma's ``where`` language (pushdown).
+    """The caller's visibility filter in Chroma's ``where`` language (pushdown): `where_of` the one predicate
+    (`sidecar.core.visibility.visibility`, mode ``scope`` or ``tenant``). Cedar still decides every returned row."""
+    return where_of(visibility(p, mode))
 
-    ``mode="scope"`` is the reference predicate of docs/design.md §3 (`auth`): it admits every row the
-    default policies permit, and policy-check's Inv-Scope proof (permit ⇒ auth) makes it sound for a
-    policy set. ``mode="tenant"`` admits the whole tenant (for policy sets wider than `auth`).
-    Admins always get the tenant filter. Cedar still decides every returned row.
-    """
-    tenant = {"mw_tenant": {"$eq": p.tenant}}
-    if mode == "tenant" or p.kind == "admin":
+
+def where_of(v: Visibility) -> dict[str, Any]:
+    """`v` over the stamped metadata (`stamp`): ``mw_tenant``, then one ``$and`` per disjunct of ``mw_scope`` with
+    ``mw_owner``, ``mw_fleet`` or the reader's ``mw_r:<uid>`` flag. Exact: the stamp holds every column the
+    predicate reads, as the ledger has it."""
+    tenant = {"mw_tenant": {"$eq": v.tenant}}
+    if not v.clauses:  # the tenant alone; or no disjunct, an operator's, whose tenant "" is no row's
         return tenant
-    me = p.uid[1]
-    fleet: dict[str, Any] = (
-        {"mw_scope": {"$eq": "fleet"}} if p.trust >= 2
-        else {"$and": [{"mw_scope": {"$eq": "fleet"}}, {"mw_fleet": {"$eq": p.fleet}}]}
-    )
-    return {"$and": [tenant, {"$or": [
-        {"$and": [{"mw_scope": {"$eq": "agent"}}, {"mw_owner": {"$eq": me}}]},
-        fleet,
-        {"mw_scope": {"$eq": "tenant"}},
-        {"$and": [{"mw_scope": {"$eq": "restricted"}}, {READER_PREFIX + me: {"$eq": True}}]},
-    ]}]}
+    ors: list[dict[str, Any]] = []
+    for c in v.clauses:
+        conds: list[dict[str, Any]] = [{"mw_scope": {"$eq": c.scope}}]
+        if c.owner is not None:
+            conds.append({"mw_owner": {"$eq": c.owner}})
+        if c.fleet is not None:
+            conds.append({"mw_fleet": {"$eq": c.fleet}})
+        if c.reader is not None:
+            conds.append({READER_PREFIX + c.reader: {"$eq": True}})
+        ors.append(conds[0] if len(conds) == 1 else {"$and": conds})
+    return {"$and": [tenant, {"$or": ors}]}
 
 
 def visibility_reader(p: Principal, mode: str) -> tuple[str, str | None, bool] | None:
-    """The reader side of `visibility_where(p, mode)` as `Ledger.visible_row_ids` takes it: None where the filter is
-    the tenant's alone (mode ``tenant``, tenant admins), else (``p.uid[1]``, ``p.fleet``, trust ≥ 2)."""
-    if mode == "tenant" or p.kind == "admin":
-        return None
-    return (p.uid[1], p.fleet, p.trust >= 2)
+    """The reader side of `visibility_where(p, mode)` as `Ledger.visible_row_ids` takes it (`Visibility.reader`)."""
+    return visibility(p, mode).reader
 
 
 def and_where(*clauses: Any) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ import structlog
 
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
+from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
 from sidecar.exchange import Exchange
@@ -146,6 +147,25 @@ def _ident(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
         raise BadRequest(f"{name} must be a non-empty string without whitespace")
     return value.strip()
+
+
+def or_of(v: Visibility) -> list[dict[str, Any]] | None:
+    """The disjunction of `v` (`sidecar.core.visibility`) as Mem0 ``filters``' ``OR`` over the stamped metadata
+    (`Mem0Profile._stamp`): one condition object per disjunct, ``mw_scope`` with ``mw_owner``, ``mw_fleet`` or
+    ``mw_readers`` (a list: Mem0 matches a member); None when `v` is the tenant alone (the caller adds ``mw_tenant``)."""
+    if not v.clauses:  # the tenant alone; or no disjunct, an operator's, whose tenant "" is no row's
+        return None
+    out: list[dict[str, Any]] = []
+    for c in v.clauses:
+        cond: dict[str, Any] = {"mw_scope": c.scope}
+        if c.owner is not None:
+            cond["mw_owner"] = c.owner
+        if c.fleet is not None:
+            cond["mw_fleet"] = c.fleet
+        if c.reader is not None:
+            cond["mw_readers"] = c.reader
+        out.append(cond)
+    return out
 
 
 class Filter:
@@ -810,11 +830,10 @@ class Mem0Profile:
         out["mw_tenant"] = p.tenant
         if f.any_of is not None:
             out["OR"] = f.any_of
-        elif self.authz.pushdown(self.settings.pushdown) == "scope" and p.kind == "agent":
-            me = p.uid[1]
-            fleet: dict[str, Any] = {"mw_scope": "fleet"} if p.trust >= 2 else {"mw_scope": "fleet", "mw_fleet": p.fleet}
-            out["OR"] = [{"mw_scope": "agent", "mw_owner": me}, fleet, {"mw_scope": "tenant"},
-                         {"mw_scope": "restricted", "mw_readers": me}]
+        else:
+            ors = or_of(visibility(p, self.authz.pushdown(self.settings.pushdown)))
+            if ors is not None:
+                out["OR"] = ors
         if f.none_of is not None:
             out["NOT"] = f.none_of
         return out

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from contextlib import contextmanager
 
+from sidecar.core.visibility import Visibility, sql_branches
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 
@@ -824,14 +825,10 @@ def _visible_ids_query(ph: str, reads_json: str, backend: str, collection_id: st
     common: tuple[Any, ...] = (backend, collection_id, tenant)
     if reader is None:
         return f"{base} LIMIT {ph}", common + (limit + 1,)
-    uid, fleet, any_fleet = reader
-    # One branch per scope (the scopes exclude each other: no row is listed twice), each an index range
-    # (migration 8): tenant rows, the reader's own agent rows, fleet rows (of its fleet), restricted rows naming it.
-    parts = [(f"{base} AND scope = 'tenant'", common),
-             (f"{base} AND scope = 'agent' AND owner = {ph}", common + (uid,)),
-             (f"{base} AND scope = 'fleet'", common) if any_fleet else
-             (f"{base} AND scope = 'fleet' AND fleet = {ph}", common + (fleet,)),
-             (f"{base} AND scope = 'restricted' AND {reads_json}", common + (uid,))]
+    # One branch per disjunct of the visibility predicate (`sidecar.core.visibility.sql_branches`: the scopes
+    # exclude each other, so no row is listed twice), each an index range (migration 8).
+    parts = [(f"{base} AND {cond}", common + args)
+             for cond, args in sql_branches(Visibility.of_reader(tenant, reader), ph, reads_json)]
     sql = " UNION ALL ".join(q for q, _ in parts) + f" LIMIT {ph}"
     return sql, tuple(a for _, args in parts for a in args) + (limit + 1,)
 

@@ -55,7 +55,7 @@ def admitted_share(p: Principal, counts: Counts, wide: bool = False) -> float | 
     me = p.uid[1]
     ok = 0
     for scope, fleet, owner, readers, status, n in counts:
-        if status != "active":
+        if status != "active" or p.kind == "operator":  # an operator's predicate admits no row (since i35)
             continue
         if wide or p.kind == "admin" or scope == "tenant" or (scope == "agent" and owner == me) \
                 or (scope == "fleet" and (p.trust >= 2 or fleet == p.fleet)) or (scope == "restricted" and me in readers):

@@ -128,7 +128,7 @@ def test_limit_is_exact(ledger: Any) -> None:
 def test_reader_of_each_principal_kind() -> None:
     """The reader side follows `visibility_where`: the tenant filter alone for admins and mode ``tenant``."""
     agent = Principal("agent", "k", "t", "f", "a", 2)
-    assert visibility_reader(agent, "scope") == ("t/f/a", "f", True)
+    assert visibility_reader(agent, "scope") == ("t/f/a", None, True)  # every fleet: no fleet to name
     assert visibility_reader(Principal("agent", "k", "t", "f", "a", 1), "scope") == ("t/f/a", "f", False)
     assert visibility_reader(agent, "tenant") is None
     assert visibility_reader(Principal("admin", "k", "t"), "scope") is None
