@@ -3,7 +3,8 @@
 - Soundness (docs/design.md §3, Inv-Scope and pushdown soundness): for every principal and row, cedarpy's
   ``Allow`` of ``read`` under the shipped policies implies the predicate admits the row, so fetching only admitted
   rows never loses one Cedar would serve. The entity store is built here, independently of the sidecar's code.
-- The predicate is docs/design.md §3's ``auth`` written out again here (same tenant; agent → owner, fleet → the
+- The predicate is the baseline invariant ``invariants/baseline/inv-scope.cedar`` (evaluated by cedarpy) and
+  docs/design.md §3's ``auth`` written out again here (same tenant; agent → owner, fleet → the
   reader's fleet or trust ≥ 2, tenant → anyone, restricted → a named reader; the tenant alone for tenant admins and
   mode ``tenant``; nothing for an operator).
 - The planner's estimate (`sidecar.planner.admitted_count`) and the ledger's SQL (`sql_branches`, run on SQLite and
@@ -27,6 +28,8 @@ from sidecar.planner import admitted_count
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 SCHEMA = (POLICIES / "memwarden.cedarschema").read_text()
 POLICY_SET = "\n".join(p.read_text() for p in sorted(POLICIES.glob("*.cedar")))
+# The baseline invariant policy-check proves every read permit against: the predicate in Cedar's own language.
+INV_SCOPE = (Path(__file__).resolve().parents[2] / "invariants" / "baseline" / "inv-scope.cedar").read_text()
 
 TENANTS = ["t", "u"]
 FLEETS = ["red", "blue"]
@@ -64,8 +67,9 @@ def _agent(uid: str, trust: int, roles: tuple[str, ...] = ()) -> dict[str, Any]:
         "roles": list(roles)}, "parents": [{"type": "Fleet", "id": f"{tenant}/{fleet}"}]}
 
 
-def cedar_reads(p: Principal, batch: list[Row]) -> list[bool]:
-    """cedarpy's answer to ``read`` of each row of `batch` by `p` under the shipped policies (entities built here)."""
+def cedar_reads(p: Principal, batch: list[Row], policies: str = POLICY_SET) -> list[bool]:
+    """cedarpy's answer to ``read`` of each row of `batch` by `p` under `policies` (default: the shipped policy set;
+    entities built here)."""
     entities: list[dict[str, Any]] = [{"uid": {"type": "Tenant", "id": t}, "attrs": {}, "parents": []} for t in TENANTS]
     entities += [{"uid": {"type": "Fleet", "id": f"{t}/{f}"}, "attrs": {"tenant": _ref("Tenant", t)},
                   "parents": [{"type": "Tenant", "id": t}]} for t in TENANTS for f in FLEETS]
@@ -91,7 +95,7 @@ def cedar_reads(p: Principal, batch: list[Row]) -> list[bool]:
             "parents": [{"type": "Fleet", "id": f"{r.tenant}/{r.fleet}"}]})
         requests.append({"principal": principal, "action": {"type": "Action", "id": "read"},
                          "resource": {"type": "Memory", "id": f"m{i}"}, "context": {}})
-    results = cedarpy.is_authorized_batch(requests, POLICY_SET, entities, SCHEMA)
+    results = cedarpy.is_authorized_batch(requests, policies, entities, SCHEMA)
     return [res.decision == cedarpy.Decision.Allow for res in results]
 
 
@@ -114,7 +118,8 @@ def admits(v: Visibility, r: Row) -> bool:
 @given(principals, st.lists(rows(), min_size=1, max_size=12))
 def test_cedar_allow_implies_admitted_and_predicate_is_auth(p: Principal, batch: list[Row]) -> None:
     scope, tenant = visibility(p, "scope"), visibility(p, "tenant")
-    for r, allowed in zip(batch, cedar_reads(p, batch)):
+    for r, allowed, bound in zip(batch, cedar_reads(p, batch), cedar_reads(p, batch, INV_SCOPE)):
+        assert admits(scope, r) == bound, (p, r)  # the baseline Inv-Scope, evaluated by Cedar
         assert admits(scope, r) == auth(p, r, "scope"), (p, r)
         assert admits(tenant, r) == auth(p, r, "tenant"), (p, r)
         if allowed:  # pushdown soundness: nothing Cedar serves is filtered out before it is asked
