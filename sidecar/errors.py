@@ -24,7 +24,8 @@ raise site may name a more precise reason — Cedar's deny reason, ``unknown_row
     ├── LedgerUnavailable          503  PostgreSQL ledger unreachable, or no   error  ledger_unavailable
     │                                   pooled connection free in time
     ├── UpstreamTimeout            504  backend did not answer in time         error  backend_timeout
-    └── BackendClientError        4xx  the backend's own 4xx, passed through  error  backend_rejected
+    └── BackendClientError        4xx  the backend's own 4xx (its status;     error  backend_rejected
+                                        never its text)
     PolicyLoadError                    start-up only: schema/policies missing or invalid
 """
 

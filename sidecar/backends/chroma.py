@@ -31,6 +31,7 @@ import structlog
 
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
+from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
@@ -91,7 +92,7 @@ ROUTE_TABLE = RouteTable(ROUTES)  # `ChromaProfile.match`: the same answers as `
 # Governed metadata keys the sidecar stamps (the client may request `sidecar.provenance.REQUESTABLE`).
 STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_labels",
            "mw_source", "mw_derived_from", "mw_subject", "mw_predicate", "mw_object")
-READER_PREFIX = "mw_r:"
+READER_PREFIX = READER_FLAG  # "mw_r:<agent uid>": true on a restricted row for each reader (Chroma filters test keys)
 # Governed keys a client filter may test: their stored value is exactly what a reader of the row is shown.
 # ``mw_derived_from`` is stored with every parent but shown narrowed to the parents the caller may read,
 # so a filter on it would confirm a hidden parent's id; ``mw_supersedes_id``/``mw_superseded_by`` are
@@ -209,54 +210,6 @@ def _unstamped(rows: list[dict[str, Any]], included: Any) -> Any:
     for r in rows:
         r.pop("metadatas", None)
     return [k for k in included if k != "metadatas"] if type(included) is list else included
-
-
-# Governed keys no client requests, which a read shows (stamped or decorated): on an update of an existing row a
-# client may send them back unchanged; any other value, or any of them on a new row, is 400.
-SHOWN_ONLY = ("mw_tenant", "mw_owner", "mw_writer", "mw_created_at", "mw_source", "mw_supersedes_id", "mw_superseded_by")
-GOVERNED_KEY = "metadata key {!r} is governed by memwarden and cannot be set"
-
-
-def _claims(meta: Any) -> tuple[Any, dict[str, Any]]:
-    """(metadata without the shown-only governed keys, those keys): `SHOWN_ONLY`, ``mw_r:*`` and a
-    ``mw_readers`` in the stored form (agent uids ``t/f/a``, as a read shows it; requests name ``f/a``)."""
-    if not isinstance(meta, dict):
-        return meta, {}
-    kept: dict[str, Any] = {}
-    claimed: dict[str, Any] = {}
-    for key, value in meta.items():
-        stored_readers = key == "mw_readers" and isinstance(value, str) and value and all(
-            x.count("/") == 2 for x in value.split(","))
-        if key in SHOWN_ONLY or key.startswith(READER_PREFIX) or stored_readers:
-            claimed[key] = value
-        else:
-            kept[key] = value
-    return kept, claimed
-
-
-def _refuse_claims(pre: list[tuple[Any, dict[str, Any]]]) -> None:
-    for _, claimed in pre:
-        if claimed:
-            raise BadRequest(GOVERNED_KEY.format(sorted(claimed)[0]))
-
-
-def _without_echo(claimed: dict[str, Any], requested: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
-    """`requested` without the governed keys that only repeat what the caller was shown (`view`); 400 for a
-    shown-only key with another value. Write-once keys equal to the row's are dropped (not a change)."""
-    for key, value in claimed.items():
-        if key not in view or view[key] != value or type(view[key]) is not type(value):
-            raise BadRequest(GOVERNED_KEY.format(key))
-    out = dict(requested)
-    if _same_key(out, view, "mw_derived_from", lambda v: tuple(str(v).split(","))):
-        del out["mw_derived_from"]
-    for key in ("mw_subject", "mw_predicate", "mw_object"):
-        if _same_key(out, view, key, lambda v: v):
-            del out[key]
-    return out
-
-
-def _same_key(requested: dict[str, Any], view: dict[str, Any], key: str, shown: Any) -> bool:
-    return key in requested and key in view and requested[key] == shown(view[key])
 
 
 def _obj(body: Any) -> dict[str, Any]:
@@ -739,9 +692,9 @@ class ChromaProfile:
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
         # Governed keys a client can only echo back (what a read showed it, e.g. a client that round-trips a
         # row's whole metadata on update, as mem0's Chroma store does): set aside, checked against the row below.
-        pre = [_claims(metas[i] if metas else None) for i in range(len(ids))]
+        pre = [set_aside(metas[i] if metas else None) for i in range(len(ids))]
         if op == "add":
-            _refuse_claims(pre)
+            refuse_claims(pre)
         split = [self._requested(p, meta) for meta, _ in pre]
         documents = body.get("documents") or [None] * len(ids)
         # A row's content: its document, else the metadata key its client keeps the text in (mem0's Memory: `data`).
@@ -783,12 +736,12 @@ class ChromaProfile:
             if len(visible) != len(existing):
                 ex.decision = "deny"
                 raise NotFound("record not found")
-            _refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
+            refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
             echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
             if echoed:
                 views = self._views(ex, rec, [known[ids[i]] for i in echoed])
                 for i in echoed:
-                    split[i] = (split[i][0], _without_echo(pre[i][1], split[i][1], views[ids[i]]))
+                    split[i] = (split[i][0], without_echo(pre[i][1], split[i][1], views[ids[i]]))
         await offloop.call(self.ledger, check_existing)
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
@@ -1344,8 +1297,20 @@ class ChromaProfile:
             candidate_ids = [r["ids"] for r in candidates]
         known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
-        decisions = await offloop.call(self.ledger, self.authz.decide_rows, ex, "delete", rows)
-        allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
+
+        def decide() -> list[str]:
+            decisions = self.authz.decide_rows(ex, "delete", rows)
+            if ids is not None and not where and not where_document:
+                # By ids: all-or-nothing, as a write. A named row the caller may read but not delete is 403; one it
+                # cannot read is answered as a missing id (Chroma deletes missing ids with 200).
+                denied = [r.row_id for r, d in zip(rows, decisions) if not d.allowed]
+                shown = self.authz.readable(ex, BACKEND, rec.collection_id, denied, include_superseded=True,
+                                            count=False) if denied else set()
+                if shown:
+                    ex.action, ex.decision, ex.row_ids = "delete", "deny", [i for i in denied if i in shown]
+                    raise Forbidden(f"delete is not permitted for {len(shown)} of {len(ids)} rows")
+            return [r.row_id for r, d in zip(rows, decisions) if d.allowed]
+        allowed = await offloop.call(self.ledger, decide)
         if limit is not None:
             allowed = allowed[:limit]
         ex.action, ex.row_ids = "delete", allowed

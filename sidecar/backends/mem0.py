@@ -46,6 +46,7 @@ import structlog
 
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
+from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
@@ -263,13 +264,10 @@ class Mem0Profile:
 
     async def _call(self, method: str, segments: list[str], *, json_body: Any = None,
                     params: dict[str, str] | None = None, idempotent: bool = False) -> Any:
-        """One Mem0 call. Mem0's 4xx come back as `BackendClientError` with its status and a sanitised
-        message (Mem0's own text is not echoed: it may quote stored content). `idempotent`: a read-only
-        POST (search), which the transport may re-send on a fresh connection (`Upstream.call`)."""
-        try:
-            return await self.upstream.call(method, segments, json_body=json_body, params=params, idempotent=idempotent)
-        except BackendClientError as exc:
-            raise BackendClientError(exc.status, f"Mem0 rejected the request ({exc.status})") from exc
+        """One Mem0 call. Mem0's 4xx come back as `BackendClientError` with its status and memwarden's own message
+        (`Upstream.call`: a backend's text is never echoed). `idempotent`: a read-only POST (search), which the
+        transport may re-send on a fresh connection (`Upstream.call`)."""
+        return await self.upstream.call(method, segments, json_body=json_body, params=params, idempotent=idempotent)
 
     def _servable(self, ids: list[str]) -> dict[str, Row]:
         rows = self.ledger.get_rows(BACKEND, self.coll, ids)
@@ -306,6 +304,12 @@ class Mem0Profile:
                     "mw_labels": list(row.labels)})
         out.update(provenance_metadata(row))
         return out
+
+    def _view(self, ex: Exchange, row: Row) -> dict[str, Any]:
+        """The governed metadata a read of `row` shows this caller (the stamp and the supersession links it may see)."""
+        shown = [{"id": row.row_id, "metadata": self._stamp({}, row)}]
+        self.prov.decorate(ex, self.coll, shown, id_key="id", meta_key="metadata")
+        return shown[0]["metadata"]
 
     async def _decorate(self, ex: Exchange, rows: list[dict[str, Any]]) -> None:
         """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned memories' metadata where the linked
@@ -537,11 +541,16 @@ class Mem0Profile:
             raise BadRequest("At least one of text, metadata, or expiration_date must be provided.")
         if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
             raise BadRequest("text must be a string")
-        plain, requested = self._requested(p, body.get("metadata"))
+        # Governed keys a read showed may come back unchanged (`sidecar.core.echo`), checked once the row is readable.
+        kept, claimed = set_aside(body.get("metadata"))
+        plain, requested = self._requested(p, kept)
         text = body.get("text")
 
         def decide() -> tuple[Row, bool]:
+            nonlocal requested
             row = self._readable_or_404(ex, mid, include_superseded=True)
+            if claimed or any(k in requested for k in WRITE_ONCE):
+                requested = without_echo(claimed, requested, self._view(ex, row))
             if any(k in requested for k in WRITE_ONCE):
                 raise BadRequest(FIXED_ONCE_WRITTEN)
             new = self._with_governance(row, requested)

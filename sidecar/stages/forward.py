@@ -220,10 +220,9 @@ class Upstream:
         except (ValueError, RecursionError) as exc:
             raise UpstreamError("backend answered a non-JSON body") from exc
         if 400 <= status < 500:
-            message = "backend rejected the request"
-            if isinstance(payload, dict):
-                message = str(payload.get("message") or payload.get("error") or message)[:500]
-            raise BackendClientError(status, message)
+            # The status is kept, the backend's text never: it may quote stored content (a row the caller may not
+            # read, a document) or another tenant's names.
+            raise BackendClientError(status, f"the backend rejected the request ({status})")
         if status >= 300:
             raise UpstreamError(f"backend answered {status}")
         if exact is not None and body:

@@ -89,20 +89,6 @@ def _start_stack(tmp: Path, chroma: Server | None = None) -> tuple[Stack, bool]:
     return Stack(chroma, sidecar, tmp / "ledger.db"), own
 
 
-@pytest.fixture(scope="session")
-def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_chroma(tmp_path_factory.mktemp("chroma") / "data")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, chroma_server: Server) -> Iterator[Stack]:
-    s, _ = _start_stack(tmp_path_factory.mktemp("stack"), chroma_server)
-    yield s
-    s.sidecar.stop()
-
-
 @pytest.fixture
 def private_stack(tmp_path: Path) -> Iterator[Stack]:
     """A stack with its own Chroma (for tests that stop the backend)."""

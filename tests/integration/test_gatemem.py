@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.bench.gatemem import report
 from sidecar.bench.gatemem.runner import Config, DomainResult, Record, run
-from tests.integration.mem0.conftest import MEM0_KEY, mem0_server  # noqa: F401  (the Mem0 REST backend fixture)
+from tests.integration.mem0.conftest import MEM0_KEY
 
 pytestmark = pytest.mark.integration
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gatemem"

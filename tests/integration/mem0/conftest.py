@@ -1,5 +1,6 @@
-"""Fixtures for the Mem0 profile: our Mem0-REST test server (real `mem0ai` `Memory`) and a sidecar in
-front of it (``MEMWARDEN_BACKEND=mem0``), both subprocesses on 127.0.0.1."""
+"""Helpers for the Mem0 profile's tests. The servers — our Mem0-REST test server (real `mem0ai` `Memory`) and a
+sidecar in front of it (``MEMWARDEN_BACKEND=mem0``), both subprocesses on 127.0.0.1 — are the session's
+(`tests.servers`: ``mem0_server``, ``mem0_stack``)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ import secrets
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
-import pytest
 
-from sidecar.harness import Server, start_mem0, start_sidecar
+from sidecar.harness import Server
 from sidecar.ledger import SQLiteLedger
-from tests.integration.conftest import POLICIES
 
 MEM0_KEY = "mem0-admin-" + secrets.token_hex(8)
 
@@ -70,21 +69,7 @@ class Mem0Stack:
         return str(results[0]["id"])
 
 
-@pytest.fixture(scope="session")
-def mem0_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_mem0(tmp_path_factory.mktemp("mem0") / "data", MEM0_KEY)
-    yield server
-    server.stop()
-
-
 def sidecar_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {"MEMWARDEN_BACKEND": "mem0", "MEMWARDEN_BACKEND_AUTH_HEADER": "X-API-Key",
             "MEMWARDEN_BACKEND_TOKEN": MEM0_KEY, **(extra or {})}
 
-
-@pytest.fixture(scope="session")
-def mem0_stack(tmp_path_factory: pytest.TempPathFactory, mem0_server: Server) -> Iterator[Mem0Stack]:
-    tmp = tmp_path_factory.mktemp("mem0stack")
-    sidecar = start_sidecar(mem0_server.url, tmp / "ledger.db", POLICIES, extra_env=sidecar_env())
-    yield Mem0Stack(mem0_server, sidecar, tmp / "ledger.db")
-    sidecar.stop()

@@ -2,7 +2,7 @@
 memories written straight into it (neither through the sidecar) are adopted by declared rules, and then the
 conformance run — cedarpy as the oracle, every principal × every read path — passes on the adopted rows.
 
-The rules give each seed of `tests.integration.test_conformance.SEEDS` the governance that test gives it by
+The rules give each seed of `tests.conformance.corpus.SEEDS` the governance that test gives it by
 writing through the sidecar (owner = its writer, the requested fleet, scope and readers), read from plain
 metadata the application wrote (author, visibility, share, home) and, on Mem0, from the application's own
 agent_id. One row per backend is covered by no rule: it must never be served."""
@@ -20,7 +20,8 @@ import pytest
 
 from tests.integration.conftest import Stack, Tenant
 from tests.integration.mem0.conftest import MEM0_KEY, Mem0Stack, World
-from tests.integration.test_conformance import AGENTS, EMB, PRINCIPALS, SEEDS, oracle
+from tests.conformance.corpus import AGENTS, PRINCIPALS, SEEDS, oracle
+from tests.conformance.drivers import EMB
 
 pytestmark = pytest.mark.integration
 

@@ -270,8 +270,11 @@ def test_provenance_and_triples_are_write_once(mem0_stack: Mem0Stack, world: Wor
         mid = added_id(fact(h, user, "v1", subject="svc-x", predicate="current_version"))
         mine = added_id(add(h, "private", user, mw_scope="agent"))
         for meta in ({"mw_derived_from": parent}, {"mw_subject": "svc-y"}, {"mw_object": "v2"},
-                     {"mw_subject": "svc-x", "mw_predicate": "current_version", "mw_object": "v1"}):
+                     {"mw_subject": "svc-x", "mw_predicate": "current_version", "mw_object": "v2"}):
             assert h.put(f"/memories/{mid}", json={"metadata": meta}).status_code == 400, meta
+        # The triple sent back as a read shows it changes nothing (sidecar.core.echo, as on Chroma).
+        same = {"mw_subject": "svc-x", "mw_predicate": "current_version", "mw_object": "v1"}
+        assert h.put(f"/memories/{mid}", json={"metadata": same}).status_code == 200
         assert h.put(f"/memories/{mid}", json={"text": "svc-x current_version is v1 (checked)"}).status_code == 200
         assert h.get(f"/memories/{mid}").json()["metadata"]["mw_object"] == "v1"
     row = ledger.get_rows("mem0", COLL, [mid])[mid]  # the content HMAC follows the text

@@ -1,11 +1,11 @@
-"""Governed keys a client echoes back on an update (`sidecar.backends.chroma._claims`, `_without_echo`): what a
+"""Governed keys a client echoes back on an update (`sidecar.core.echo`): what a
 read showed the caller may come back unchanged; any other value is 400, and on a new row any of them is."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.backends.chroma import _claims, _refuse_claims, _without_echo
+from sidecar.core.echo import refuse_claims as _refuse_claims, set_aside as _claims, without_echo as _without_echo
 from sidecar.errors import BadRequest
 
 VIEW = {"mw_tenant": "t", "mw_owner": "t/red/a", "mw_scope": "restricted", "mw_readers": "t/red/b,t/blue/c",
