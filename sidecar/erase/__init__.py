@@ -26,7 +26,8 @@ from typing import Any
 
 from sidecar.erase import chroma, mem0
 from sidecar.erase.base import EraseError, Purge
-from sidecar.erase.scan import CANNOT_SEE, Found, ScanResult, scan
+from sidecar.erase.scan import CANNOT_SEE, Found, ScanResult
+from sidecar.erase.scan import scan as scan_paths
 from sidecar.provenance import content_digest, legacy_content_digest
 
 __all__ = ["BACKENDS", "EraseError", "Purge", "TextReport", "VerifyReport", "match_ledger", "verify"]
@@ -102,7 +103,7 @@ def verify(ledger: Any, backend: str, roots: list[Path], texts: list[str], tenan
     Raises `EraseError` when a root is not a directory."""
     reports = match_ledger(ledger, backend, texts, tenants)
     try:
-        result: ScanResult = scan(roots, texts)
+        result: ScanResult = scan_paths(roots, texts)
     except FileNotFoundError as exc:
         raise EraseError(str(exc)) from None
     for report, found in zip(reports, result.found):

@@ -190,6 +190,18 @@ def sqlite_free_pages(path: Path) -> tuple[int, set[int]] | None:
         return None
 
 
+def _distinct(spans: list[tuple[int, int]]) -> list[int]:
+    """Start offsets of the places `spans` (start, end) cover, overlapping spans merged: one stored copy can
+    match two forms (ASCII in UTF-16 LE after a NUL byte is also UTF-16 BE, one byte earlier)."""
+    starts: list[int] = []
+    end = -1
+    for a, b in sorted(spans):
+        if a >= end:
+            starts.append(a)
+        end = max(end, b)
+    return starts
+
+
 def _where(path: Path, offset: int, sqlite: tuple[int, set[int]] | None) -> str:
     """What kind of place `offset` of `path` is, as far as file names and SQLite's documented layout say."""
     if path.name.endswith("-wal"):
@@ -238,6 +250,7 @@ def scan(roots: list[Path], texts: list[str]) -> ScanResult:
                 continue
             sqlite = sqlite_free_pages(path)
             per_text: dict[int, Found] = {}
+            spans: dict[int, list[tuple[int, int]]] = {}
             for j, (i, form) in enumerate(index):
                 if not counts[j]:
                     continue
@@ -245,14 +258,17 @@ def scan(roots: list[Path], texts: list[str]) -> ScanResult:
                 if form is None:
                     f.pieces_found += 1
                     continue
-                f.places += counts[j]
                 f.forms[form] = f.forms.get(form, 0) + counts[j]
-                f.offsets = sorted(f.offsets + offsets[j])[:MAX_OFFSETS]
-                for off in offsets[j]:
-                    kind = _where(path, off, sqlite)
-                    f.where[kind] = f.where.get(kind, 0) + 1
+                spans.setdefault(i, []).extend((off, off + len(targets[j])) for off in offsets[j])
                 if counts[j] > len(offsets[j]):
+                    f.places += counts[j] - len(offsets[j])
                     f.where["not located"] = f.where.get("not located", 0) + counts[j] - len(offsets[j])
             for i, f in per_text.items():
+                for start in _distinct(spans.get(i, [])):
+                    f.places += 1
+                    if len(f.offsets) < MAX_OFFSETS:
+                        f.offsets.append(start)
+                    kind = _where(path, start, sqlite)
+                    f.where[kind] = f.where.get(kind, 0) + 1
                 result.found[i].append(f)
     return result

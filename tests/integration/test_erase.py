@@ -112,3 +112,39 @@ def test_erase_refuses_what_it_cannot_do(private_stack: Stack, tmp_path: Path) -
     r = subprocess.run([sys.executable, "-m", "sidecar.cli", "erase", "--data-path", str(tmp_path / "empty")],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 1 and "not a Chroma persist directory" in r.stdout
+
+
+def test_serve_purges_on_a_schedule_after_deletes_only(tmp_path: Path) -> None:
+    """``ERASE_INTERVAL_S`` with ``ERASE_DATA_PATH``: the sidecar runs Chroma's vacuum once the backend confirmed
+    a delete since its last purge — the deleted text leaves the disk without an operator — and not again while
+    nothing else is deleted."""
+    import time
+
+    from sidecar.harness import start_chroma, start_sidecar
+    from tests.integration.conftest import POLICIES
+
+    chroma = start_chroma(tmp_path / "chroma")
+    assert chroma.data_dir is not None
+    sidecar = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES, extra_env={
+        "MEMWARDEN_ERASE_INTERVAL_S": "1", "MEMWARDEN_ERASE_DATA_PATH": str(chroma.data_dir)})
+    try:
+        s = Stack(chroma, sidecar, tmp_path / "ledger.db")
+        t = s.tenant("sched")
+        s.client(t.admin_key, t.name).create_collection("fast", configuration={"hnsw": {"sync_threshold": 2}})
+        col = s.client(s.key(t.name, "f1", "a1", trust=1), t.name).get_collection("fast")
+        text = f"erase-marker {uuid.uuid4().hex} Erin's locker code is 4711"
+        col.add(ids=["gone", "kept"], documents=[text, "an unrelated memory"], embeddings=unit_vectors(2))
+        time.sleep(3)  # three intervals without a delete: nothing purged
+        assert "erase_purged" not in sidecar.log.read_text()
+        col.delete(ids=["gone"])
+        assert on_disk(chroma.data_dir, text)  # today's state right after the delete
+        deadline = time.monotonic() + 60
+        while on_disk(chroma.data_dir, text) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert on_disk(chroma.data_dir, text) == {}
+        time.sleep(3)  # three more intervals, no new delete: no second purge
+        assert sidecar.log.read_text().count("erase_purged") == 1
+        assert col.get(ids=["kept"])["ids"] == ["kept"]
+    finally:
+        sidecar.stop()
+        chroma.stop()
