@@ -42,7 +42,10 @@ def cli(explicit: str | None = None) -> str:
     """The `chroma` command: `explicit`, else the one beside this interpreter, else the first on PATH.
     Raises `EraseError` when there is none (``pip install chromadb`` provides it)."""
     if explicit:
-        return explicit
+        found = shutil.which(explicit)
+        if not found:
+            raise EraseError(f"the chroma command {explicit!r} is not found (or not executable)")
+        return found
     beside = Path(sys.executable).with_name("chroma")
     if beside.exists():
         return str(beside)

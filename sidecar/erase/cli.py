@@ -153,6 +153,14 @@ def erase(
         missing = [str(r) for r in roots if not r.is_dir()]
         if missing:
             raise _refuse(f"not a directory: {', '.join(missing)}")
+    if not no_purge and backend == "chroma" and data_path is not None:
+        from sidecar.erase import chroma
+
+        try:
+            chroma.check_data_path(data_path)
+            chroma.cli(chroma_cli)
+        except EraseError as exc:
+            raise _refuse(str(exc)) from None
 
     from sidecar.ledger import ledger_from_settings
 

@@ -8,7 +8,7 @@ the header and freelist trunk pages as SQLite's documented file format describes
 VACUUM or when the page is reused) or in a page in use (a live record, or a deleted record's bytes left in the
 free space of a page still in use). A header that is not as documented gives no hint; the hit still counts.
 
-What a byte scan cannot see is listed in `CANNOT_SEE` (and per backend in `sidecar.erase.backends`).
+What a byte scan cannot see is listed in `CANNOT_SEE` (and per backend in `sidecar.erase.chroma` / `.mem0`).
 Texts are held in memory only for the scan: nothing here writes them anywhere, and results name a text by
 its position in the caller's list, never by its content.
 """
@@ -20,7 +20,7 @@ import os
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 CHUNK_BYTES = 4 * 1024 * 1024
 PIECE_BYTES = 32  # a text at least twice this long is also looked for in pieces (split across storage pages)
@@ -111,9 +111,13 @@ class ScanResult:
     unreadable: list[str] = field(default_factory=list)  # "path: reason": the scan is incomplete
 
 
-def _files(root: Path) -> Iterator[Path]:
-    """Regular files under `root`, symbolic links not followed (a link out of the directory is not scanned)."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+def _files(root: Path, unreadable: list[str]) -> Iterator[Path]:
+    """Regular files under `root`, symbolic links not followed (a link out of the directory is not scanned);
+    a directory that cannot be listed is added to `unreadable` (the scan is then incomplete)."""
+    def failed(exc: OSError) -> None:
+        unreadable.append(f"{exc.filename}: {exc.strerror or type(exc).__name__}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
         dirnames.sort()
         for name in sorted(filenames):
             p = Path(dirpath) / name
@@ -237,7 +241,7 @@ def scan(roots: list[Path], texts: list[str]) -> ScanResult:
     if not targets:
         return result
     for root in roots:
-        for path in _files(root):
+        for path in _files(root, result.unreadable):
             rel = str(path.relative_to(root)) if len(roots) == 1 else str(path)
             try:
                 counts, offsets, size = _search(path, targets)

@@ -17,7 +17,7 @@ from sidecar.erase import scan as scan_mod
 from sidecar.erase.scan import PIECE_BYTES, needles, pieces, scan, sqlite_free_pages
 from sidecar.governance import Row
 from sidecar.provenance import content_digest
-from tests.unit.test_ledger import Opener, ledger, opener  # noqa: F401  (fixtures: both ledgers)
+from tests.unit.test_ledger import ledger, opener  # noqa: F401  (fixtures: both ledgers)
 from tests.pgutil import pg_url  # noqa: F401  (fixture)
 
 TEXT = "erase-marker 5f1c Alice keeps her passport in the blue drawer"
@@ -157,3 +157,42 @@ def test_the_report_never_shows_the_texts(tmp_path: Path, monkeypatch: pytest.Mo
     assert doc["verify"]["texts"][0]["found"][0]["offsets"] == [5]
     assert not any(p.name != "ledger.db" and TEXT.encode() in p.read_bytes()
                    for p in tmp_path.rglob("*") if p.is_file() and p.parent != data and p != texts)
+
+
+def test_a_directory_that_cannot_be_listed_makes_the_scan_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_walk = scan_mod.os.walk
+
+    def walk(top: Any, onerror: Any = None, followlinks: bool = False) -> Any:
+        onerror(PermissionError(13, "Permission denied", str(tmp_path / "locked")))  # as os.walk reports it
+        return real_walk(top, onerror=onerror, followlinks=followlinks)
+
+    monkeypatch.setattr(scan_mod.os, "walk", walk)
+    result = scan([tmp_path], [TEXT])
+    assert result.unreadable == [f"{tmp_path / 'locked'}: Permission denied"] and result.found == [[]]
+
+
+def test_erase_refuses_what_it_cannot_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear refusals (exit 2), nothing run: verify without texts (memwarden keeps digests, not text), Chroma's
+    purge without its data directory, a directory that is not Chroma's, a `chroma` command that is not there."""
+    from sidecar.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMWARDEN_LEDGER_PATH", str(tmp_path / "ledger.db"))
+    monkeypatch.setenv("MEMWARDEN_BACKEND", "chroma")
+    monkeypatch.delenv("MEMWARDEN_ERASE_DATA_PATH", raising=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "chroma.sqlite3").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+
+    def refused(*args: str) -> str:
+        r = CliRunner().invoke(app, ["erase", *args])
+        assert r.exit_code == 2, r.output
+        return r.output
+
+    assert "never the text" in refused("--verify", "--data-path", str(data))
+    assert "--data-path" in refused()
+    assert "not a Chroma persist directory" in refused("--data-path", str(tmp_path / "empty"))
+    assert "is not found" in refused("--data-path", str(data), "--chroma-cli", str(tmp_path / "no-chroma"))
+    assert "not a directory" in refused("--verify", "--text", "x", "--no-purge", "--data-path", str(tmp_path / "nowhere"))
+    assert not (data / "chroma.sqlite3").read_bytes()  # nothing ran on it
