@@ -94,6 +94,10 @@ def test_erase_purges_what_chroma_can_and_reports_the_log_it_keeps(private_stack
 
     # The rows kept are still served.
     assert slow.get(ids=["kept"])["documents"] == ["an unrelated memory"] and fast.count() == 1
+    # memwarden itself kept neither text: not in its ledger (digests only), its WAL, nor its decision log.
+    outside = {f: n for text in (slow_text, fast_text) for f, n in on_disk(s.ledger_path.parent, text).items()
+               if not f.startswith(data.name + "/") and f != texts.name}
+    assert outside == {}, outside
 
 
 def test_serve_purges_on_a_schedule_after_deletes_only(tmp_path: Path) -> None:
