@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -93,14 +94,48 @@ def chroma_scenarios(tmp: Path, fillers: int) -> None:
         for col in (slow, fast):
             col.delete(ids=["gone"])
         show("after the governed delete", verify(led, "chroma", data, m, False, tmp))
-        show("after memwarden erase (chroma vacuum)", verify(led, "chroma", data, m, True, tmp))
+        # The purge while clients keep writing and querying another collection through the sidecar.
+        busy = s.client(key, t.name).get_collection("fast")
+        answered, failed, stop = [0], [], threading.Event()
+
+        def load() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    busy.add(ids=[f"load{i}"], documents=[f"load {i}"], embeddings=unit_vectors(1, seed=10_000 + i))
+                    busy.query(query_embeddings=unit_vectors(1, seed=20_000 + i), n_results=2)
+                    answered[0] += 2
+                except Exception as exc:  # counted, not raised: the figure is how many fail
+                    failed.append(type(exc).__name__)
+                i += 1
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        try:
+            show("after memwarden erase (chroma vacuum), clients writing and querying meanwhile",
+                 verify(led, "chroma", data, m, True, tmp))
+        finally:
+            stop.set()
+            worker.join()
+        print(f"      requests during the purge: {answered[0]} answered, {len(failed)} failed {sorted(set(failed))}")
         for i in range(0, fillers, 100):
             slow.add(ids=[f"z{j}" for j in range(i, i + 100)], documents=[f"filler {j}" for j in range(i, i + 100)],
                      embeddings=unit_vectors(100, seed=i))
         show(f"after {fillers} more records written to 'mem'", verify(led, "chroma", data, m, False, tmp))
         show("after memwarden erase again", verify(led, "chroma", data, m, True, tmp))
+        counts = (slow.count(), busy.count())
     finally:
         sidecar.stop()
+        chroma.stop()
+    chroma = start_chroma(data)  # the purges ran while Chroma served: is everything there after a restart?
+    try:
+        import chromadb
+
+        direct = chromadb.HttpClient(host="127.0.0.1", port=chroma.port, tenant=t.name,
+                                     settings=chromadb.config.Settings(anonymized_telemetry=False))
+        again = (direct.get_collection("mem").count(), direct.get_collection("fast").count())
+        print(f"  rows before / after a Chroma restart: {counts} / {again}" + ("" if again == counts else "  MISMATCH"))
+    finally:
         chroma.stop()
 
 
