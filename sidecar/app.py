@@ -112,6 +112,10 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
         if settings.ledger_analyze_interval_s > 0 and hasattr(services.ledger, "refresh_statistics"):
             tasks.append(asyncio.create_task(_refresh_statistics_forever(services, settings.ledger_analyze_interval_s)))
+        if settings.erase_interval_s > 0 and settings.erase_data_path is not None:
+            from sidecar.erase.schedule import purge_forever
+
+            tasks.append(asyncio.create_task(purge_forever(services.ledger, settings.erase_data_path, settings.erase_interval_s)))
         yield
         for task in tasks:
             task.cancel()

@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, demo, probe, bench, stack.
+"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, erase, demo, probe, bench, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -56,6 +56,10 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 from sidecar.adopt.cli import adopt_app  # noqa: E402  (its own module: adopt chroma|mem0)
 
 app.add_typer(adopt_app, name="adopt")
+
+from sidecar.erase.cli import erase as _erase  # noqa: E402  (its own module: purge and verify erasure)
+
+app.command("erase")(_erase)
 
 
 def _load(**overrides: Any) -> Settings:

@@ -101,6 +101,13 @@ class Settings(BaseSettings):
         "the row has no document — mem0's Memory keeps it in 'data' — compared for the forgotten-content rule and "
         "deletion closure as a document is; '' = documents only")
     reconcile_interval_s: float = Field(default=60.0, ge=0, description="seconds between reconciler runs; 0 = start-up only")
+    erase_interval_s: float = Field(
+        default=0.0, ge=0, description="Chroma: every this many seconds, when the backend confirmed deletes since the last "
+        "purge, run Chroma's vacuum on erase_data_path (its log purge and SQLite VACUUM: sidecar/erase); 0 = no schedule "
+        "(`memwarden erase` purges on demand)")
+    erase_data_path: Path | None = Field(
+        default=None, description="the backend's data directory on this host (Chroma: the directory of `chroma run --path`): "
+        "purged by the erase schedule and `memwarden erase`, scanned by `memwarden erase --verify`")
     ledger_analyze_interval_s: float = Field(
         default=60.0, ge=0,
         description="PostgreSQL ledger: seconds between checks for tables with missing or stale planner statistics, "
@@ -172,6 +179,25 @@ class Settings(BaseSettings):
         if any(k.strip().startswith("mw_") for k in v.split(",")):
             raise ValueError("content keys may not be mw_* keys (those are governed metadata)")
         return v
+
+    @model_validator(mode="after")
+    def _erase_schedule_runnable(self) -> "Settings":
+        """A purge schedule needs what it runs: Chroma (Mem0 offers no purge, sidecar/erase/mem0.py), its data
+        directory on this host, and the `chroma` command."""
+        if self.erase_interval_s > 0:
+            from sidecar.erase import EraseError, chroma
+
+            if self.backend != "chroma":
+                raise ValueError("MEMWARDEN_ERASE_INTERVAL_S: Mem0 offers no purge of a deleted memory's history to run on a "
+                                 "schedule (see README 'Erasure'); leave it 0")
+            if self.erase_data_path is None:
+                raise ValueError("MEMWARDEN_ERASE_INTERVAL_S needs MEMWARDEN_ERASE_DATA_PATH (the `chroma run --path` directory)")
+            try:
+                chroma.check_data_path(self.erase_data_path)
+                chroma.cli()
+            except EraseError as exc:
+                raise ValueError(f"MEMWARDEN_ERASE_INTERVAL_S: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":

@@ -47,6 +47,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     log: Path
     metrics_url: str | None = None  # the sidecar's Prometheus listener
+    data_dir: Path | None = None  # where a backend keeps its data (`chroma run --path`, the Mem0 server's --data)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -112,7 +113,7 @@ def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.
         [chroma_executable(), "run", *args],
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
-    return _wait(Server("chroma", f"http://127.0.0.1:{port}", port, proc, log), "/api/v2/heartbeat", timeout_s)
+    return _wait(Server("chroma", f"http://127.0.0.1:{port}", port, proc, log, data_dir=data_dir), "/api/v2/heartbeat", timeout_s)
 
 
 def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port: int | None = None,
@@ -143,9 +144,11 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
     return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log, metrics_url), "/_memwarden/healthz", timeout_s)
 
 
-def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0) -> Server:
+def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0,
+               history_db: str | None = None) -> Server:
     """Our Mem0-REST-compatible test server (tests/mem0_server: the real `mem0ai` `Memory`, infer=False,
-    Qdrant local mode, offline all-MiniLM-L6-v2) on 127.0.0.1, authenticated by `api_key` (X-API-Key)."""
+    Qdrant local mode, offline all-MiniLM-L6-v2) on 127.0.0.1, authenticated by `api_key` (X-API-Key);
+    `history_db` is Mem0's ``history_db_path`` (default ``data_dir/history.db``; ``:memory:`` = not on disk)."""
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir.parent / f"mem0-{port}.log"
@@ -153,7 +156,8 @@ def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s:
     env = {**os.environ, "MEM0_TELEMETRY": "False", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "MEM0_ADMIN_API_KEY": api_key}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mem0_server.server", "--host", "127.0.0.1", "--port", str(port), "--data", str(data_dir)],
+        [sys.executable, "-m", "tests.mem0_server.server", "--host", "127.0.0.1", "--port", str(port), "--data", str(data_dir)]
+        + (["--history-db", history_db] if history_db else []),
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]),
     )
-    return _wait(Server("mem0", f"http://127.0.0.1:{port}", port, proc, log), "/api/health", timeout_s)
+    return _wait(Server("mem0", f"http://127.0.0.1:{port}", port, proc, log, data_dir=data_dir), "/api/health", timeout_s)

@@ -1100,6 +1100,12 @@ class PostgresLedger:
             ).fetchall()
         return [(r["collection_id"], r["row_id"]) for r in rows]
 
+    def last_backend_delete(self, backend: str) -> int | None:
+        """`SQLiteLedger.last_backend_delete`: the newest confirmed backend delete (UTC µs), or None."""
+        with self._conn() as db:
+            r = db.execute("SELECT MAX(backend_deleted_at) AS t FROM tombstones WHERE backend = %s", (backend,)).fetchone()
+        return None if r is None or r["t"] is None else int(r["t"])
+
 
 class _Listener(threading.Thread):
     """A daemon thread holding one connection that LISTENs on the ledger's invalidation channel; counts

@@ -809,6 +809,14 @@ class SQLiteLedger:
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
+    def last_backend_delete(self, backend: str) -> int | None:
+        """When (UTC µs) the backend last confirmed a delete of `backend` (newest ``backend_deleted_at`` of its
+        tombstones, a reset's included); None when none is confirmed. Read by the scheduled purge
+        (`sidecar.erase.schedule`) to purge only after deletes."""
+        with self._lock:
+            r = self._db.execute("SELECT MAX(backend_deleted_at) FROM tombstones WHERE backend = ?", (backend,)).fetchone()
+        return None if r is None or r[0] is None else int(r[0])
+
 
 Reader = tuple[str, str | None, bool]  # (agent uid, fleet, any fleet): the reader side of the visibility filter
 # (admitted ids, their ledger rows by id, their owners' Cedar entities by agent uid, key valid): `visible_rows`

