@@ -50,7 +50,8 @@ def test_sigterm_fails_readiness_then_finishes_requests_in_flight_and_exits_0(ch
     ledger = tmp_path / "ledger.db"
     SQLiteLedger(ledger).close()
     side = start_sidecar(chroma_server.url, ledger, POLICIES,
-                         extra_env={"MEMWARDEN_SHUTDOWN_DRAIN_S": "3", "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
+                         extra_env={"MEMWARDEN_SHUTDOWN_DRAIN_S": "5", "MEMWARDEN_BODY_TIMEOUT_S": "120",
+                                    "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
     sock = None
     try:
         name = f"d{uuid.uuid4().hex[:8]}"
