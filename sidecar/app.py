@@ -1,7 +1,9 @@
 """ASGI application: `create_app(settings)` wires ledger, PDP, backend profile and pipeline.
 
-Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend);
-everything else goes through the pipeline, including the authenticated
+Routes: ``/_memwarden/healthz`` (process up), ``/_memwarden/readyz`` (ledger, policies, backend, not
+draining: 200 or 503 with ``{"ready": …}`` only; the details — each check, the policy set in force, reload
+errors, the mode — to an operator key, and on the metrics listener, `readiness`); everything else goes
+through the pipeline, including the authenticated
 ``/_memwarden/memories/{id}/lineage`` (`sidecar.lineage`). Prometheus metrics are served on a separate
 listener (``METRICS_HOST``:``METRICS_PORT``), never on the API port.
 
@@ -21,7 +23,7 @@ from typing import AsyncIterator
 
 import httpx
 import structlog
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +44,7 @@ from sidecar.pipeline import Pipeline
 from sidecar.policy_reload import PolicyHandle
 from sidecar.server import _COALESCE_MAX, CoalescingTransport
 from sidecar.stages.authorize import Authorizer
+from sidecar.stages.canonicalize import credential
 from sidecar.stages.forward import Upstream
 
 # Unauthenticated probes served by FastAPI; every other path (``/_memwarden/memories/…`` and
@@ -69,8 +72,9 @@ class Services:
         instrumented = InstrumentedLedger(raw_ledger, self.metrics)
         # Keys, collections and agents from memory while nothing changed (`sidecar.ledger.cache`); keys
         # are never cached on PostgreSQL, where a notification from another replica may be in flight.
-        # The token (SQLite: the WAL index header; PostgreSQL: the count of notifications received, None while
-        # the channel is down or a notification waits unread) is read once per request (`request_scope`).
+        # The token (SQLite: PRAGMA data_version and the connection's write count; PostgreSQL: the count of
+        # notifications received, None while the channel is down or a notification waits unread) is read once
+        # per request (`request_scope`).
         self.ledger: Ledger = CachingLedger(instrumented, raw_ledger.cache_version, settings.ledger_cache_ttl_s,
                                             cache_keys=not settings.ledger_url,
                                             per_request=isinstance(raw_ledger, (SQLiteLedger, PostgresLedger))) \
@@ -88,6 +92,61 @@ class Services:
         self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz,
                                  max_json_depth=settings.max_json_depth, body_timeout_s=settings.body_timeout_s)
         instrument_reconciler(self.profile, self.ledger, self.metrics)
+        self.draining = False  # set on SIGTERM (`sidecar.drain`): readiness fails, requests are still served
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, while the app runs
+
+    def readiness_report(self, timeout_s: float = 30.0) -> tuple[bool, dict[str, object]]:
+        """`readiness` from another thread (the metrics listener's): run on the serving event loop, waited
+        for at most `timeout_s` seconds; (False, a body saying so) while no loop serves."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return False, {"ready": False, "starting_or_stopped": True}
+        try:
+            return asyncio.run_coroutine_threadsafe(readiness(self), loop).result(timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the loop stopped, or the checks did not finish in time
+            return False, {"ready": False, "error": type(exc).__name__}
+
+
+async def readiness(services: Services) -> tuple[bool, dict[str, object]]:
+    """(ready, details): ready when the ledger answers, a policy set is loaded, the backend answers its
+    heartbeat and the process is not draining (SIGTERM). The details name each check, the policy set in
+    force (`PolicyHandle.status`: digest, counts, the last reload error and its problems, which name paths)
+    and the mode; they are for operators only (an operator key on the API port, or the metrics listener).
+    Sets the ``memwarden_ready`` gauge."""
+    checks = {"ledger": False, "policies": True, "backend": False}
+    try:
+        checks["ledger"] = services.ledger.ping()
+    except Exception:
+        checks["ledger"] = False
+    try:
+        await services.upstream.call("GET", getattr(services.profile, "health_segments", ["api", "v2", "heartbeat"]))
+        checks["backend"] = True
+    except Exception:
+        checks["backend"] = False
+    checks["policies"] = services.policy.engine is not None
+    ready = all(checks.values()) and not services.draining
+    services.metrics.ready.set(1 if ready else 0)
+    body: dict[str, object] = {"ready": ready, "checks": checks, "draining": services.draining,
+                               "policy": services.policy.status(), "mode": "shadow" if services.policy.shadow else "enforce"}
+    if services.policy.shadow:
+        body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
+    return ready, body
+
+
+async def _operator(services: Services, request: Request) -> bool:
+    """Whether `request` carries a valid operator key (``X-API-Key`` or ``Authorization: Bearer``, as the
+    pipeline reads them); False for none, any other key, an ambiguous credential or a ledger that does not answer."""
+    headers: dict[str, list[str]] = {}
+    for name, value in request.headers.items():
+        headers.setdefault(name.lower(), []).append(value)
+    try:
+        key = credential(headers)
+        if key is None:
+            return False
+        principal = await offloop.authenticate(services.ledger, key)
+    except Exception:  # noqa: BLE001 - a refused credential (Unauthorized), the ledger down: no details
+        return False
+    return principal is not None and principal.kind == "operator"
 
 
 def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTransport | None = None,
@@ -107,6 +166,7 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             decisionlog.structlog.get_logger("memwarden").warning("reconcile_failed")
         if offloop.asynchronous(services.ledger):
             await services.ledger.open_async()  # the asynchronous pool lives in this loop
+        services.loop = asyncio.get_running_loop()
         tasks = _start_policy_reload(services)
         if settings.reconcile_interval_s > 0:
             tasks.append(asyncio.create_task(_reconcile_forever(services, settings.reconcile_interval_s)))
@@ -117,6 +177,7 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
 
             tasks.append(asyncio.create_task(purge_forever(services.ledger, settings.erase_data_path, settings.erase_interval_s)))
         yield
+        services.loop = None
         for task in tasks:
             task.cancel()
         await services.upstream.close()
@@ -130,24 +191,9 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
         return {"status": "ok"}
 
     @app.get("/_memwarden/readyz")
-    async def readyz() -> JSONResponse:
-        checks = {"ledger": False, "policies": True, "backend": False}
-        try:
-            checks["ledger"] = services.ledger.ping()
-        except Exception:
-            checks["ledger"] = False
-        try:
-            await services.upstream.call("GET", getattr(services.profile, "health_segments", ["api", "v2", "heartbeat"]))
-            checks["backend"] = True
-        except Exception:
-            checks["backend"] = False
-        checks["policies"] = services.policy.engine is not None
-        ready = all(checks.values())
-        services.metrics.ready.set(1 if ready else 0)
-        body: dict[str, object] = {"ready": ready, "checks": checks, "policy": services.policy.status(),
-                                   "mode": "shadow" if services.policy.shadow else "enforce"}
-        if services.policy.shadow:
-            body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
+    async def readyz(request: Request) -> JSONResponse:
+        ready, details = await readiness(services)
+        body = details if await _operator(services, request) else {"ready": ready}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     app.add_middleware(PipelineMiddleware, pipeline=services.pipeline, metrics=services.metrics,

@@ -11,15 +11,14 @@ import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sidecar.config import ConfigError, Settings, default_policies_dir, load_settings
-from sidecar.errors import PolicyLoadError
-from sidecar.ledger import ledger_from_settings, open_ledger
+from sidecar.errors import LedgerOpenError, PolicyLoadError
+from sidecar.ledger import Ledger, ledger_from_settings, open_ledger, redact_url
 
 
 def version_text() -> str:
@@ -75,14 +74,14 @@ def _settings(ledger: Optional[Path]) -> Settings:
     return _load(ledger_path=ledger, ledger_url=None) if ledger else _load()  # --ledger: an SQLite file
 
 
-def redact_url(url: str) -> str:
-    """`url` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def open_store(settings: Settings, code: int = 1) -> Ledger:
+    """The ledger the settings name, or a one-line refusal naming it (a URL without its password) and what
+    to check (exit `code`): `LedgerOpenError`, raised by `sidecar.ledger.open_ledger`."""
+    try:
+        return ledger_from_settings(settings)
+    except LedgerOpenError as exc:
+        err.print(f"memwarden: {exc}", markup=False)
+        raise typer.Exit(code) from None
 
 
 def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: bool) -> list[str]:
@@ -140,17 +139,22 @@ def serve(
     except PolicyLoadError as exc:
         err.print(f"memwarden: policies failed to load: {exc}", markup=False)
         raise typer.Exit(2) from None
+    except LedgerOpenError as exc:
+        err.print(f"memwarden: {exc}; nothing is served", markup=False)
+        raise typer.Exit(1) from None
     stop_metrics = None
     if settings.metrics_port:
         from sidecar.metrics import serve_metrics
         try:
-            stop_metrics = serve_metrics(application.state.services.metrics, settings.metrics_host, settings.metrics_port)
+            stop_metrics = serve_metrics(application.state.services.metrics, settings.metrics_host, settings.metrics_port,
+                                         readyz=application.state.services.readiness_report)
         except OSError as exc:
             err.print(f"memwarden: metrics listener {settings.metrics_host}:{settings.metrics_port}: {exc} "
                       "(set MEMWARDEN_METRICS_PORT to a free port, or 0 for none)", markup=False)
             raise typer.Exit(2) from exc
     for line in banner(settings, host, port, application.state.services, bool(settings.metrics_port)):
         err.print(line, markup=False)
+    from sidecar.drain import DrainingServer
     from sidecar.server import ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
@@ -160,9 +164,15 @@ def serve(
         # header is an identity claim it strips (`canonicalize.IDENTITY_HEADER_PREFIXES`), so uvicorn's
         # ProxyHeadersMiddleware (a layer per request) has nothing to do; server_header=False: no
         # ``server: uvicorn`` on every answer (RFC 9110 §10.2.4 makes it optional).
-        uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False,
-                    http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)),
-                    proxy_headers=False, server_header=False)
+        config = uvicorn.Config(application, host=host, port=port, log_level="warning", access_log=False,
+                                http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)),
+                                proxy_headers=False, server_header=False,
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s)  # type: ignore[arg-type]
+        # uvicorn.run's own steps, with a server that drains on SIGTERM (`sidecar.drain`) and exits 0 after it.
+        server = DrainingServer(config, application.state.services, settings.shutdown_drain_s)
+        server.run()
+        if not server.started:
+            raise typer.Exit(3)  # uvicorn's STARTUP_FAILURE: the port taken, the lifespan failed
     finally:
         if stop_metrics is not None:
             stop_metrics()
@@ -195,7 +205,7 @@ def keys_create(
         raise typer.Exit(2)
     else:
         kind = "admin" if admin else "agent"
-    store = ledger_from_settings(_settings(ledger))
+    store = open_store(_settings(ledger))
     try:
         record, plaintext = store.create_key(kind, tenant, fleet, agent, trust, roles=role)
     except ValueError as exc:
@@ -215,7 +225,7 @@ def keys_list(
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """List keys (never their secrets)."""
-    store = ledger_from_settings(_settings(ledger))
+    store = open_store(_settings(ledger))
     table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "roles", "revoked")
     for k in store.list_keys(tenant):
         table.add_row(k.key_id, k.kind, k.tenant or "", k.fleet or "", k.agent or "", str(k.trust), ",".join(k.roles),
@@ -230,7 +240,7 @@ def keys_revoke(
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """Revoke a key; effective on the next request."""
-    store = ledger_from_settings(_settings(ledger))
+    store = open_store(_settings(ledger))
     ok = store.revoke_key(key_id)
     store.close()
     if not ok:
@@ -248,10 +258,14 @@ def ledger_migrate(
     if settings.ledger_url:
         settings = settings.model_copy(update={"ledger_migrate_on_start": True})
     try:
-        store = ledger_from_settings(settings)
-    except Exception as exc:
-        console.print(f"[red]memwarden: ledger not reachable or migration failed:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        store = ledger_from_settings(settings)  # migrates at open
+    except LedgerOpenError as exc:
+        err.print(f"memwarden: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    except Exception as exc:  # the migration itself failed (a privilege, a conflicting object): nothing applied
+        err.print(f"memwarden: ledger migration failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  markup=False)
+        raise typer.Exit(1) from None
     try:
         version = store.migrate()  # type: ignore[attr-defined]
     finally:
@@ -284,7 +298,8 @@ def authz_check(
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_URL / _PATH)"),
 ) -> None:
     """Decide one request as the sidecar would: decision, determining policies, deny reason and the entities
-    Cedar saw (policy set admitted through the same gate; exit 0 allow, 1 deny, 2 refused input)."""
+    Cedar saw (policy set admitted through the same gate; exit 0 allow, 1 deny, 2 refused input, 3 the ledger
+    cannot be opened)."""
     from sidecar.authzcheck import Checker, CheckError
     from sidecar.policy_reload import PolicyRefused
 
@@ -318,7 +333,7 @@ def authz_check(
         if target_fleet is not None or target_scope is not None:
             item["context"] = {"target_fleet": target_fleet, "target_scope": target_scope}
         doc = {"key_id": key_id, "resources": [item]}
-    store = ledger_from_settings(settings)
+    store = open_store(settings, code=3)  # not 1: that is a deny
     try:
         answer = Checker(settings, store).check(doc)
     except PolicyRefused as exc:

@@ -1,10 +1,12 @@
 """Configuration: one frozen `Settings` object, from the environment (prefix ``MEMWARDEN_``), a .env
-file, or a TOML config file named by ``MEMWARDEN_CONFIG_FILE`` (keys = option names in lower case).
-Precedence: constructor arguments > environment > .env > config file > defaults.
+file in the working directory (its ``MEMWARDEN_*`` keys only: other keys there, e.g. ``OPENAI_API_KEY``,
+belong to other programs and are ignored), or a TOML config file named by ``MEMWARDEN_CONFIG_FILE`` (keys
+= option names in lower case). Precedence: constructor arguments > environment > .env > config file >
+defaults.
 
-`load_settings` is how the command line builds them: an unknown ``MEMWARDEN_*`` environment variable,
-an unknown config-file key or a bad value raises `ConfigError`, whose message is one line naming the
-key (never the value: it may be a credential)."""
+`load_settings` is how the command line builds them: an unknown ``MEMWARDEN_*`` variable (environment or
+.env), an unknown config-file key or a bad value raises `ConfigError`, whose message is one line naming the
+key and, for a key read from .env or the config file, that file (never the value: it may be a credential)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from dotenv import dotenv_values
 from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+DOTENV = ".env"  # read from the working directory
 
 
 def default_policies_dir() -> Path:
@@ -32,7 +36,10 @@ def default_policies_dir() -> Path:
 class Settings(BaseSettings):
     """Every option, its default and unit. Environment variable = ``MEMWARDEN_`` + upper-case name."""
 
-    model_config = SettingsConfigDict(env_prefix="MEMWARDEN_", env_file=".env", extra="forbid", frozen=True)
+    # .env: only its MEMWARDEN_* keys are read (``dotenv_filtering``, pydantic-settings >= 2.14); an unknown one is
+    # refused as an unknown environment variable is.
+    model_config = SettingsConfigDict(env_prefix="MEMWARDEN_", env_file=DOTENV, dotenv_filtering="match_prefix",
+                                      extra="forbid", frozen=True)
 
     backend: Literal["chroma", "mem0"] = "chroma"
     mem0_deployment: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$",
@@ -85,6 +92,12 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body must arrive within this time, seconds (408)")
     max_connections: int = Field(default=512, ge=1, description="open client connections at most; keep below the fd limit (ulimit -n)")
     max_inflight_requests: int = Field(default=256, ge=1, description="requests processed at once at most; more are answered 503")
+    shutdown_drain_s: float = Field(
+        default=5.0, ge=0, description="on SIGTERM: seconds the sidecar keeps serving, new requests too, while readyz "
+        "answers 503, so load balancers take it out of rotation before it stops listening (sidecar/drain.py); 0 = none")
+    shutdown_timeout_s: float = Field(
+        default=30.0, gt=0, description="after the drain: seconds requests in flight get to finish before they are "
+        "cancelled and the process exits")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",
         description="visibility filter sent to the backend: the reference scope predicate "
@@ -224,16 +237,40 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-def _describe(err: Any) -> str:
+def dotenv_keys() -> set[str]:
+    """The ``MEMWARDEN_*`` keys (upper case) of the .env file `Settings` reads (python-dotenv, as
+    pydantic-settings reads it); empty when there is none or it cannot be read."""
+    path = Path(DOTENV)
+    try:
+        if not path.is_file():
+            return set()
+        return {k.upper() for k in dotenv_values(path, encoding="utf-8") if k.upper().startswith(ENV_PREFIX)}
+    except (OSError, ValueError):
+        return set()
+
+
+def _source(name: str, dotenv: set[str] | frozenset[str]) -> str:
+    """`` in <file>`` when setting `name`'s value came from the .env file (set there and not in the
+    environment, which takes precedence); else ""."""
+    var = env_name(name)
+    if var in dotenv and not any(k.upper() == var for k in os.environ):
+        return f" in {Path(DOTENV).resolve()}"
+    return ""
+
+
+def _describe(err: Any, dotenv: set[str] | frozenset[str] = frozenset()) -> str:
     loc = ".".join(str(x) for x in err.get("loc", ()))
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
+        var = env_name(loc)
+        if var in dotenv:
+            return f"variable {var} in {Path(DOTENV).resolve()}: {REMOVED.get(var, 'not a memwarden setting')}"
         where = os.environ.get("MEMWARDEN_CONFIG_FILE")
         return f"unknown configuration key {loc!r}" + (f" in {where}" if where else "") + " (not a memwarden setting)"
     if not loc:
         return msg
     name = loc.split(".")[0]
-    return f"{name} ({env_name(name)}): {msg}"
+    return f"{name} ({env_name(name)}{_source(name, dotenv)}): {msg}"
 
 
 def unknown_environment(environ: dict[str, str] | None = None) -> list[str]:
@@ -255,6 +292,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+        dotenv = dotenv_keys()
+        raise ConfigError("; ".join(_describe(e, dotenv) for e in exc.errors())) from None
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

@@ -27,6 +27,9 @@ raise site may name a more precise reason — Cedar's deny reason, ``unknown_row
     └── BackendClientError        4xx  the backend's own 4xx (its status;     error  backend_rejected
                                         never its text)
     PolicyLoadError                    start-up only: schema/policies missing or invalid
+    LedgerOpenError                    start-up only (and every command that opens the ledger): the ledger
+                                       cannot be opened — PostgreSQL unreachable, database missing, credentials
+                                       refused, schema not migrated, an SQLite file that cannot be opened
 """
 
 from __future__ import annotations
@@ -123,3 +126,10 @@ class PolicyLoadError(Exception):
 def to_body(exc: MemwardenError) -> dict[str, str]:
     """JSON body for an error response: ``{"error": code, "message": text}``."""
     return {"error": exc.code, "message": exc.message}
+
+
+class LedgerOpenError(RuntimeError):
+    """The ledger could not be opened (`sidecar.ledger.open_ledger`): PostgreSQL unreachable, the database
+    missing, the credentials refused, the schema older than the code with migrations off
+    (`sidecar.ledger.postgres.SchemaOutOfDate`), an SQLite file that cannot be created or read. The message is
+    one line naming the ledger (a URL without its password) and what to check."""

@@ -58,6 +58,13 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout=15)
 
+    def readiness(self) -> httpx.Response:
+        """``/_memwarden/readyz`` on the sidecar's metrics (operator) listener: the details (checks, policy
+        set, reload errors, mode) that the API port shows only to an operator key."""
+        if self.metrics_url is None:
+            raise RuntimeError(f"{self.name} has no metrics listener")
+        return httpx.get(self.metrics_url.rsplit("/", 1)[0] + "/_memwarden/readyz", timeout=30.0, trust_env=False)
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
@@ -127,7 +134,9 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
     fh = open(log, "wb")
     env = {**os.environ, "MEMWARDEN_BACKEND_URL": backend_url, "MEMWARDEN_LEDGER_PATH": str(ledger_path),
            "MEMWARDEN_POLICIES_DIR": str(policies_dir), "MEMWARDEN_METRICS_HOST": "127.0.0.1",
-           "MEMWARDEN_METRICS_PORT": str(free_port()), **(extra_env or {})}
+           "MEMWARDEN_METRICS_PORT": str(free_port()),
+           # stopped at once on SIGTERM (`Server.stop`) unless the caller's environment asks for a drain
+           "MEMWARDEN_SHUTDOWN_DRAIN_S": os.environ.get("MEMWARDEN_SHUTDOWN_DRAIN_S", "0"), **(extra_env or {})}
     metrics_port = int(env["MEMWARDEN_METRICS_PORT"])
 
     def limit() -> None:

@@ -1,6 +1,8 @@
 """Prometheus metrics (prometheus-client), one registry per app, served by `serve_metrics` on a listener of
 its own (``METRICS_HOST``:``METRICS_PORT``), never on the API port: counters of Cedar decisions move with
-single requests, so an agent that could scrape them would learn about rows it may not read.
+single requests, so an agent that could scrape them would learn about rows it may not read. The same
+operator listener serves readiness with its details (``/_memwarden/readyz``: each check, the policy set,
+reload errors), which the API port shows only to an operator key.
 
 Series (all prefixed ``memwarden_``; durations in seconds):
 
@@ -30,13 +32,18 @@ pipeline's outer guard still denies (fail closed).
 from __future__ import annotations
 
 import inspect
+import json
+import socket
+import threading
 import time
 from bisect import bisect_left as _bisect_left
 from collections import Counter as Tally
 from functools import wraps
-from typing import Any, Callable
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "InstrumentedLedger", "Metrics", "instrument_upstream"]
@@ -392,10 +399,40 @@ def instrument_reconciler(profile: Any, ledger: Any, metrics: Metrics) -> None:
     profile.reconcile = counted
 
 
-def serve_metrics(metrics: Metrics, host: str, port: int) -> Callable[[], None]:
-    """Start the Prometheus listener (prometheus-client's threaded HTTP server; every path answers the
-    exposition text). Returns a function that stops it. Raises OSError when the address is taken."""
-    server, thread = start_http_server(port, host, registry=metrics.registry)
+READYZ_PATH = "/_memwarden/readyz"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        """No access log on stderr (as prometheus-client's own server)."""
+
+
+def serve_metrics(metrics: Metrics, host: str, port: int,
+                  readyz: Callable[[], tuple[bool, dict[str, Any]]] | None = None) -> Callable[[], None]:
+    """Start the operator listener on `host`:`port` (a thread per request; stdlib ``wsgiref`` serving
+    prometheus-client's WSGI app): ``GET /_memwarden/readyz`` answers `readyz()` — (ready, details) — as JSON,
+    200 or 503; every other path the Prometheus exposition text. Returns a function that stops it. Raises
+    OSError when the address is taken or cannot be resolved."""
+    exposition = make_wsgi_app(metrics.registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if readyz is not None and environ.get("PATH_INFO") == READYZ_PATH:
+            ready, details = readyz()
+            body = json.dumps(details).encode()
+            start_response("200 OK" if ready else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return exposition(environ, start_response)  # type: ignore[no-any-return]
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+    server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="memwarden-metrics", daemon=True)
+    thread.start()
 
     def stop() -> None:
         server.shutdown()

@@ -13,7 +13,21 @@ owners). memwarden always checks the baseline invariants of its package too; a p
 any of them is never served, at start-up or on reload. The PostgreSQL ledger URL
 (with its password) and the optional backend credential come from a Secret (API keys themselves live,
 hashed, in the ledger: create them with ``memwarden keys create`` against the same ledger URL). An init container applies ledger migrations; the main
-container then refuses to start on an old schema. Needs PyYAML.
+container then refuses to start on an old schema.
+
+The Service carries the API port only. The metrics/operator port (9464: Prometheus text, and readiness with
+its details — policy paths, reload errors — at ``/_memwarden/readyz``) is reachable only through the pod, and
+a NetworkPolicy admits it from Prometheus alone: pods labelled ``MONITORING_POD_LABELS`` in the namespace
+labelled ``MONITORING_NAMESPACE_LABELS`` (``kubernetes.io/metadata.name: monitoring``, set by Kubernetes on
+every namespace; ``app.kubernetes.io/name: prometheus``, the label of the Prometheus Operator's and the
+prometheus Helm chart's server pods). Change both to your Prometheus's. The API port stays open to every
+client (restrict it with a policy of your own).
+
+Stopping: ``preStop`` sleeps ``PRESTOP_SLEEP_S`` (endpoint removal reaches kube-proxy and ingress controllers
+meanwhile; the ``sleep`` action, Kubernetes >= 1.30), then SIGTERM: memwarden answers readyz 503 and keeps
+serving for ``MEMWARDEN_SHUTDOWN_DRAIN_S``, then stops listening and gives requests in flight up to
+``MEMWARDEN_SHUTDOWN_TIMEOUT_S`` (sidecar/drain.py); ``terminationGracePeriodSeconds`` covers the three. Needs
+PyYAML.
 """
 
 from __future__ import annotations
@@ -28,6 +42,12 @@ NAME = "memwarden"
 IMAGE = "memwarden:0.1.0"
 CHROMA_IMAGE = "chromadb/chroma:1.5.9"
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "memory"}
+# Who may reach the metrics/operator port (the NetworkPolicy): the Prometheus server pods of the monitoring namespace.
+MONITORING_NAMESPACE_LABELS = {"kubernetes.io/metadata.name": "monitoring"}
+MONITORING_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+PRESTOP_SLEEP_S = 5
+SHUTDOWN_DRAIN_S = 5
+SHUTDOWN_TIMEOUT_S = 30
 
 
 def policy_files(root: Path) -> dict[str, str]:
@@ -58,10 +78,14 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
         # The credential memwarden sends to the backend, for backends that require one (optional).
         {"name": "MEMWARDEN_BACKEND_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": NAME, "key": "backend-token", "optional": True}}},
-        # Prometheus scrapes the pod on its own port; the Service exposes only the API port, so agents
-        # cannot watch decision counters move.
+        # Prometheus scrapes the pod on its own port; the Service exposes only the API port and the
+        # NetworkPolicy admits the metrics port from Prometheus only, so agents cannot watch decision counters
+        # move nor read readiness details.
         {"name": "MEMWARDEN_METRICS_HOST", "value": "0.0.0.0"},
         {"name": "MEMWARDEN_METRICS_PORT", "value": "9464"},
+        # SIGTERM: readyz 503 and still serving for the drain, then in-flight requests get the timeout.
+        {"name": "MEMWARDEN_SHUTDOWN_DRAIN_S", "value": str(SHUTDOWN_DRAIN_S)},
+        {"name": "MEMWARDEN_SHUTDOWN_TIMEOUT_S", "value": str(SHUTDOWN_TIMEOUT_S)},
     ]
     restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                   "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
@@ -79,6 +103,13 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                         "backend-token": ""}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, "labels": LABELS},
          "spec": {"selector": LABELS, "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": NAME, "labels": LABELS},
+         "spec": {"podSelector": {"matchLabels": LABELS}, "policyTypes": ["Ingress"], "ingress": [
+             {"ports": [{"protocol": "TCP", "port": "http"}]},  # the API: every client
+             {"from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE_LABELS},
+                        "podSelector": {"matchLabels": MONITORING_POD_LABELS}}],
+              "ports": [{"protocol": "TCP", "port": "metrics"}]},  # metrics and readiness details: Prometheus only
+         ]}},
         {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": NAME, "labels": LABELS},
          "spec": {
              # One pod: Chroma's data lives on this pod's volume, so it is not replicated by scaling.
@@ -88,6 +119,7 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                      "prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}},
                  "spec": {
                      "serviceAccountName": NAME, "automountServiceAccountToken": False,
+                     "terminationGracePeriodSeconds": PRESTOP_SLEEP_S + SHUTDOWN_DRAIN_S + SHUTDOWN_TIMEOUT_S + 10,
                      "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
                      "initContainers": [{
                          "name": "ledger-migrate", "image": IMAGE, "args": ["ledger", "migrate"],
@@ -104,6 +136,7 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                              "readinessProbe": probe("/_memwarden/readyz", 5),
                              "livenessProbe": probe("/_memwarden/healthz", 10),
                              "startupProbe": {**probe("/_memwarden/healthz", 2), "failureThreshold": 30},
+                             "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
                              "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
                                            "limits": {"memory": "768Mi"}},
                              "securityContext": restricted,

@@ -47,6 +47,18 @@ def _settings(ledger: Optional[Path], backend_url: Optional[str]) -> Settings:
         raise typer.Exit(2) from None
 
 
+def _open_store(settings: Settings) -> Any:
+    """The ledger, or a one-line refusal naming it and what to check (exit 1, as `memwarden keys`)."""
+    from sidecar.errors import LedgerOpenError
+    from sidecar.ledger import ledger_from_settings
+
+    try:
+        return ledger_from_settings(settings)
+    except LedgerOpenError as exc:
+        err.print(f"memwarden adopt: {exc}", markup=False)
+        raise typer.Exit(1) from None
+
+
 def _refuse(message: str, code: int = 2) -> typer.Exit:
     err.print(f"memwarden adopt: {message}", markup=False)
     return typer.Exit(code)
@@ -116,7 +128,7 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
     from sidecar.adopt.rules import RulesError, load_rules
     from sidecar.adopt.targets import ChromaTarget, TargetError
     from sidecar.provenance import content_keys
-    from sidecar.ledger import CollectionRecord, ledger_from_settings, now_us
+    from sidecar.ledger import CollectionRecord, now_us
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter("--format must be text or json")
@@ -127,7 +139,7 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
     if not rules.collections():
         raise _refuse(f"{rules_file}: no [[collection]] to adopt")
     settings = _settings(ledger, backend_url)
-    store = ledger_from_settings(settings)
+    store = _open_store(settings)
     reports = []
     try:
         _check_agents(rules, store)
@@ -173,7 +185,6 @@ def adopt_mem0(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url: O
     from sidecar.adopt.engine import adopt
     from sidecar.adopt.rules import NATIVE_IDS, RulesError, _Mem0, load_rules
     from sidecar.adopt.targets import Mem0Target, TargetError
-    from sidecar.ledger import ledger_from_settings
 
     if fmt not in ("text", "json"):
         raise typer.BadParameter("--format must be text or json")
@@ -183,7 +194,7 @@ def adopt_mem0(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url: O
         raise _refuse(str(exc)) from None
     spec = rules.mem0() or _Mem0()
     settings = _settings(ledger, backend_url)
-    store = ledger_from_settings(settings)
+    store = _open_store(settings)
     named = sorted({(k, getattr(m, k)) for m in rules.spec.map for k in NATIVE_IDS if getattr(m, k)})
     target = Mem0Target(str(settings.backend_url), spec.deployment, token=settings.backend_token,
                         auth_header=_auth_header(settings, "X-API-Key"),

@@ -14,10 +14,21 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from sidecar.governance import Principal, Row
 
 KEY_PREFIX = "mwk_"
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password (``user:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def now_us() -> int:

@@ -8,14 +8,12 @@ Row governance (status, scope, readers, supersession, tombstones) is never cache
 while all of these hold; otherwise every cache is dropped and the ledger is asked:
 
 - `version()` returns the token it returned when the entry was stored. The SQLite ledger's token is
-  the WAL index's header, read from the mapped ``-shm`` file (rewritten by every commit of any connection,
-  any process), or ``PRAGMA data_version`` when that header cannot be used (changed by every commit of
-  another connection), with its own count of write transactions (`SQLiteLedger.cache_version`); the
-  PostgreSQL ledger's is the count of notifications received on its
-  ``LISTEN`` channel (every write that changes keys, collections or agents sends one in its
-  transaction), and ``None`` while that channel is down — then nothing is cached at all;
-  The token is read for every request (on SQLite a read of shared memory, no system call), never from a
-  remembered value: a change committed just before a request must fail that request;
+  ``PRAGMA data_version`` (changed by every commit of another connection, any process) with its own count
+  of write transactions (`SQLiteLedger.cache_version`); the PostgreSQL ledger's is the count of
+  notifications received on its ``LISTEN`` channel (every write that changes keys, collections or agents
+  sends one in its transaction), and ``None`` while that channel is down — then nothing is cached at all.
+  The token is read for every request, never from a remembered value: a change committed just before a
+  request must fail that request;
 - the entry is younger than `ttl_s` seconds (a backstop for changes made around memwarden);
 - no write went through this wrapper since (every method not in `READ_ONLY` drops the caches).
 
@@ -82,7 +80,7 @@ leave_request: Callable[[contextvars.Token[RequestScope | None]], None] = _SCOPE
 @contextmanager
 def request_scope() -> Iterator[RequestScope]:
     """The extent of one request (`sidecar.pipeline.Pipeline`): in it, a `CachingLedger` made with
-    ``per_request=True`` reads its token (the WAL index header on SQLite, the notification count on
+    ``per_request=True`` reads its token (``PRAGMA data_version`` on SQLite, the notification count on
     PostgreSQL) at the request's first lookup, and its later lookups in the same request use that reading
     while nothing has moved the caches since (no write through the wrapper, no newer token — or none, the
     channel down — seen by another request). A change committed (on PostgreSQL: a notification received, or

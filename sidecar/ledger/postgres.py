@@ -41,6 +41,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
+from sidecar.errors import LedgerOpenError
 from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
@@ -138,8 +139,30 @@ _STALE_STATISTICS = (
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-class SchemaOutOfDate(RuntimeError):
+class SchemaOutOfDate(LedgerOpenError):
     """The database schema is older than this code and migrations at open are disabled."""
+
+
+def connect_failure(url: str, timeout_s: float) -> str:
+    """Why a connection to `url` fails, and what to check, in one line: one direct connection attempt
+    (psycopg's pool, which failed first, does not say why). libpq's error names the host and port, never the
+    password."""
+    try:
+        psycopg.connect(url, connect_timeout=max(1, int(timeout_s)), autocommit=True).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split("\n")[0].split()).removeprefix("connection failed: ") or type(exc).__name__
+        return (f"{reason}; check MEMWARDEN_LEDGER_URL: PostgreSQL running and reachable at its host and port, the "
+                "database created (memwarden creates its tables, not the database), the user and password")
+    return (f"no connection within {timeout_s:g} s (MEMWARDEN_LEDGER_TIMEOUT_S), though one opens now; check the "
+            "server's load and its max_connections")
+
+
+class _Quiet(logging.Filter):
+    """Drops psycopg_pool's warnings while a pool first opens: its failure is reported once, by
+    `connect_failure`, not once per connection attempt."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 def _readable(fd: int) -> bool:
@@ -447,7 +470,15 @@ class PostgresLedger:
         )
         self._apool: AsyncConnectionPool | None = None
         self._apool_loop: asyncio.AbstractEventLoop | None = None
-        self._pool.open(wait=True, timeout=timeout_s)
+        quiet, pool_log = _Quiet(), logging.getLogger("psycopg.pool")
+        pool_log.addFilter(quiet)
+        try:
+            self._pool.open(wait=True, timeout=timeout_s)
+        except psycopg.OperationalError:  # PoolTimeout (one): the pool retries in the background and says not why
+            self._pool.close()
+            raise LedgerOpenError(connect_failure(url, timeout_s)) from None
+        finally:
+            pool_log.removeFilter(quiet)
         try:
             if migrate_on_open:
                 self.migrate()

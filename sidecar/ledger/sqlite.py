@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import hmac
 import json
-import mmap
 import os
 import sqlite3
-import sys
 import threading
 
 import orjson
@@ -317,8 +315,6 @@ class SQLiteLedger:
         self._rows_cursor = self._db.cursor()  # `get_rows`: one JSON text per call
         self._rows_cursor.row_factory = None
         self.migrate()
-        # The WAL index's header (`cache_version`), mapped read-only once the WAL is in use; None: not available.
-        self._wal_index: mmap.mmap | None = self._map_wal_index(path)
 
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
@@ -346,56 +342,15 @@ class SQLiteLedger:
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
             return len(MIGRATIONS)
 
-    def cache_version(self) -> tuple[Any, int]:
-        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: (what changes with every commit to
-        this file by any connection, any process; the number of write transactions committed through this
-        one). Equal tokens mean no commit in between.
-
-        The first part is the WAL index's header as the last commit left it — its two 48-byte copies in the
-        ``-shm`` file, which every commit rewrites (the change counter, the last frame, the salts, the
-        checksums; https://www.sqlite.org/walformat.html §2.1) before it returns — read from a read-only
-        mapping of that file, with no lock and no system call, when the copies agree and the index is
-        initialised. Otherwise (no WAL index mapped, a writer between its two copies, an index being
-        rebuilt) it is ``PRAGMA data_version``, read through SQLite (which waits for such a writer): changed by
-        every commit of another connection. A commit that has returned before the call is seen either way."""
-        view = self._wal_index
-        if view is not None:
-            try:
-                header = view[:96]
-            except ValueError:  # closed (`close`)
-                header = b""
-            if len(header) == 96 and header[12] == 1 and header[:48] == header[48:]:
-                return header, self._writes
+    def cache_version(self) -> tuple[int, int]:
+        """The invalidation token of `sidecar.ledger.cache.CachingLedger`: (``PRAGMA data_version``, the
+        number of write transactions committed through this connection). ``data_version`` changes whenever
+        another connection, of this process or any other, has committed to the file since this connection last
+        read it (SQLite's "PRAGMA data_version"); this connection's own commits do not move it, so they are
+        counted here. Equal tokens mean no commit in between; a commit that has returned before the call is
+        seen. Raises ``sqlite3.ProgrammingError`` once the ledger is closed."""
         with self._lock:
             return int(self._version_cursor.execute("PRAGMA data_version").fetchone()[0]), self._writes
-
-    def _map_wal_index(self, path: str) -> mmap.mmap | None:
-        """A read-only mapping of the ``-shm`` file SQLite keeps the WAL index in, for `cache_version`; None
-        when the database is not a file in WAL mode with an initialised index of the expected version
-        (3007000) at ``<real path>-shm``. While this connection is open the file is neither truncated nor
-        re-initialised (SQLite does that only when no connection has it open)."""
-        if path == ":memory:" or path.startswith("file:"):
-            return None
-        try:
-            with self._lock:
-                mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
-                self._db.execute("PRAGMA data_version").fetchone()  # a read: the WAL index is mapped and current
-            if str(mode).lower() != "wal":
-                return None
-            fd = os.open(os.path.realpath(path) + "-shm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                if os.fstat(fd).st_size < 32768:  # one index page: the header lies in it
-                    return None
-                view = mmap.mmap(fd, 32768, access=mmap.ACCESS_READ)
-            finally:
-                os.close(fd)  # the mapping keeps the file
-        except (OSError, ValueError, sqlite3.Error):
-            return None
-        header = view[:96]
-        if int.from_bytes(header[:4], sys.byteorder) != 3007000 or header[12] != 1:
-            view.close()
-            return None
-        return view
 
     def ping(self) -> bool:
         with self._lock:
@@ -403,9 +358,6 @@ class SQLiteLedger:
 
     def close(self) -> None:
         with self._lock:
-            view, self._wal_index = self._wal_index, None
-            if view is not None:
-                view.close()
             self._db.close()
 
     # -- keys and agents --------------------------------------------------------------------

@@ -121,6 +121,49 @@ def test_compose_file() -> None:
             assert_real_settings(settings_env(svc["environment"]))
 
 
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's interpolation (compose-spec "Interpolation") of ``${VAR}``, ``${VAR:-default}``,
+    ``${VAR-default}``, ``${VAR:?error}`` and ``${VAR?error}``; raises ValueError(error) for a required variable
+    unset (``?``) or unset or empty (``:?``), as ``docker compose`` refuses to start. (``$$`` and bare ``$VAR``
+    are not used in the file: asserted.)"""
+    assert "$$" not in text and not re.search(r"\$[A-Za-z_]", text)
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        value = env.get(name)
+        missing = value is None or (op is not None and op.startswith(":") and value == "")
+        if op is not None and op.endswith("?") and missing:
+            raise ValueError(f"required variable {name} is missing a value: {arg}")
+        if op is not None and op.endswith("-") and missing:
+            return arg
+        return value or ""
+    return _VARIABLE.sub(one, text)
+
+
+def test_compose_refuses_to_start_without_a_password() -> None:
+    """Issue 34, finding 12: no fallback password. Every use of MW_PG_PASSWORD is required (``:?``): unset or
+    empty, compose stops with the message; set, it is the PostgreSQL password and in both ledger URLs."""
+    text = (DEPLOY / "docker-compose.yml").read_text()
+    assert "change-me" not in text.lower()
+    uses = [m for m in _VARIABLE.finditer(text) if m.group(1) == "MW_PG_PASSWORD"]
+    assert len(uses) == 3 and all(m.group(2) == ":?" and "MW_PG_PASSWORD" in m.group(3) for m in uses)
+    for env in ({}, {"MW_PG_PASSWORD": ""}):
+        with pytest.raises(ValueError, match="MW_PG_PASSWORD"):
+            interpolate(text, env)
+    services = yaml.safe_load(interpolate(text, {"MW_PG_PASSWORD": "s3cret-pw"}))["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "s3cret-pw"
+    for name in ("migrate", "memwarden"):
+        assert services[name]["environment"]["MEMWARDEN_LEDGER_URL"] == \
+            "postgresql://memwarden:s3cret-pw@postgres:5432/memwarden"
+    # `docker compose stop` leaves memwarden its drain and the requests in flight their time (sidecar/drain.py).
+    grace = int(services["memwarden"]["stop_grace_period"].removesuffix("s"))
+    defaults = Settings.model_fields
+    assert grace > defaults["shutdown_drain_s"].default + defaults["shutdown_timeout_s"].default
+
+
 def _docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
@@ -129,7 +172,7 @@ def _docs(text: str) -> list[dict[str, Any]]:
 def test_kubernetes_manifests_pass_the_schema(source: str) -> None:
     text = (DEPLOY / "kubernetes" / "memwarden.yaml").read_text() if source == "committed" else render.render(ROOT / "policies")
     docs = _docs(text)
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Secret", "Service", "StatefulSet"}
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "ConfigMap", "Secret", "Service", "NetworkPolicy", "StatefulSet"}
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -200,3 +243,37 @@ def test_kubernetes_sidecar_pattern(tmp_path: Path) -> None:
 def test_committed_manifest_is_the_rendered_one() -> None:
     assert (DEPLOY / "kubernetes" / "memwarden.yaml").read_text() == render.render(ROOT / "policies"), \
         "re-run: python deploy/kubernetes/render.py policies > deploy/kubernetes/memwarden.yaml"
+
+
+def test_kubernetes_metrics_port_is_for_prometheus_only() -> None:
+    """Issue 34, finding 12: the metrics/operator port (exposition text, readiness details) is not on the
+    Service the clients use, and a NetworkPolicy admits it only from the Prometheus pods of the monitoring
+    namespace; the API port stays open to clients."""
+    docs = {d["kind"]: d for d in _docs(render.render(ROOT / "policies"))}
+    pod_labels = docs["StatefulSet"]["spec"]["template"]["metadata"]["labels"]
+    assert [p["targetPort"] for p in docs["Service"]["spec"]["ports"]] == ["http"]
+    policy = docs["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == pod_labels and policy["policyTypes"] == ["Ingress"]
+    rules = {tuple(p["port"] for p in rule["ports"]): rule for rule in policy["ingress"]}
+    assert set(rules) == {("http",), ("metrics",)}
+    assert "from" not in rules[("http",)]
+    assert rules[("metrics",)]["from"] == [{"namespaceSelector": {"matchLabels": render.MONITORING_NAMESPACE_LABELS},
+                                            "podSelector": {"matchLabels": render.MONITORING_POD_LABELS}}]
+    assert render.MONITORING_NAMESPACE_LABELS == {"kubernetes.io/metadata.name": "monitoring"}
+    mw = next(c for c in docs["StatefulSet"]["spec"]["template"]["spec"]["containers"] if c["name"] == "memwarden")
+    named = {p["name"]: p["containerPort"] for p in mw["ports"]}
+    env = {e["name"]: e.get("value") for e in mw["env"]}
+    assert named["metrics"] == int(env["MEMWARDEN_METRICS_PORT"]) and named["http"] == 8080
+
+
+def test_kubernetes_pod_drains_before_it_stops() -> None:
+    """Issue 34, finding 12: preStop, then memwarden's own drain on SIGTERM (readyz 503, still serving), then
+    the requests in flight; terminationGracePeriodSeconds covers all three."""
+    pod = next(d for d in _docs(render.render(ROOT / "policies")) if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    mw = next(c for c in pod["containers"] if c["name"] == "memwarden")
+    env = {e["name"]: e.get("value") for e in mw["env"]}
+    assert_real_settings({"MEMWARDEN_SHUTDOWN_DRAIN_S", "MEMWARDEN_SHUTDOWN_TIMEOUT_S"})
+    sleep = mw["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain, timeout = float(env["MEMWARDEN_SHUTDOWN_DRAIN_S"]), float(env["MEMWARDEN_SHUTDOWN_TIMEOUT_S"])
+    assert sleep > 0 and drain > 0 and timeout > 0
+    assert pod["terminationGracePeriodSeconds"] > sleep + drain + timeout

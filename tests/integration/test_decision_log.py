@@ -44,7 +44,7 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Stack, Path]) ->
     other = stack.key(t.name, "red", "other", 1)
     reader = stack.key(t.name, "red", "reader", 0)
     base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
-    sha = stack.http().get("/_memwarden/readyz").json()["policy"]["sha256"]
+    sha = stack.sidecar.readiness().json()["policy"]["sha256"]
     fact = {"mw_scope": "tenant", "mw_subject": "pipeline-7", "mw_predicate": "pipeline_status"}
     for key, ids, metas in ((owner, ["mine"], [{"mw_scope": "agent"}]), (other, ["theirs"], [{"mw_scope": "agent"}]),
                             (owner, ["v1"], [{**fact, "mw_object": "paused"}]),

@@ -118,7 +118,7 @@ def test_reload_refuses_the_same_set_and_keeps_serving_the_last_good_one(tmp_pat
     side = start_sidecar(stack.chroma.url, stack.ledger_path, d, extra_env={"MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
     try:
         with httpx.Client(base_url=side.url, timeout=30, trust_env=False) as h:
-            good = h.get("/_memwarden/readyz").json()["policy"]
+            good = side.readiness().json()["policy"]
             assert good["baseline_invariants"] >= 9 and good["last_reload_error"] is None
             tenant, cid, other = _private_row(stack)
             path = f"/api/v2/tenants/{tenant}/databases/default_database/collections/{cid}/get"
@@ -127,9 +127,9 @@ def test_reload_refuses_the_same_set_and_keeps_serving_the_last_good_one(tmp_pat
             delete_invariants_and_their_tests(d)
             side.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and h.get("/_memwarden/readyz").json()["policy"]["last_reload_error"] is None:
+            while time.monotonic() < deadline and side.readiness().json()["policy"]["last_reload_error"] is None:
                 time.sleep(0.2)
-            ready = h.get("/_memwarden/readyz")
+            ready = side.readiness()
             policy = ready.json()["policy"]
             assert ready.status_code == 200 and policy["sha256"] == good["sha256"]
             assert policy["last_reload_error"].startswith("invariant_violation: ")
@@ -151,7 +151,7 @@ def test_serve_prints_the_start_up_banner(tmp_path: Path, chroma_server: Server)
                          extra_env={"MEMWARDEN_INVARIANTS_DIR": str(pinned)})
     try:
         with httpx.Client(base_url=side.url, timeout=30, trust_env=False) as h:
-            sha = h.get("/_memwarden/readyz").json()["policy"]["sha256"]
+            sha = side.readiness().json()["policy"]["sha256"]
         text = side.log.read_text()
         assert f"listening on http://127.0.0.1:{side.port}" in text
         assert f"backend   chroma {chroma_server.url}" in text

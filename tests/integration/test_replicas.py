@@ -180,7 +180,7 @@ def test_delete_through_a_cascades_to_a_row_derived_through_b(replicas: Replicas
 
 def test_both_replicas_ready_on_postgres(replicas: Replicas) -> None:
     for s in (replicas.a, replicas.b):
-        ready = httpx.get(s.url + "/_memwarden/readyz", trust_env=False).json()
+        ready = s.readiness().json()
         assert ready["ready"] and ready["checks"]["ledger"]
         assert s.metrics_url is not None
         metrics = httpx.get(s.metrics_url, trust_env=False).text

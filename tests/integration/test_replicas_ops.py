@@ -44,19 +44,19 @@ def test_sighup_reload(chroma_server: Server, tmp_path: Path) -> None:
     side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", policies,
                          extra_env={"MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0"})
     try:
-        before = httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"]
+        before = side.readiness().json()["policy"]["sha256"]
         (policies / "default.cedar").write_text("permit (principal, action, resource")  # does not parse
         side.proc.send_signal(signal.SIGHUP)
         wait_for(side, 'memwarden_policy_reloads_total{result="invalid"}', 1.0)
         assert metric(side, "memwarden_policy_last_reload_success") == 0.0
-        assert httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"] == before
+        assert side.readiness().json()["policy"]["sha256"] == before
         assert "policy_reload_rejected" in side.log.read_text()
         shutil.copy(POLICIES / "default.cedar", policies / "default.cedar")
         with open(policies / "default.cedar", "a") as fh:
             fh.write("\n// reviewed\n")
         side.proc.send_signal(signal.SIGHUP)
         wait_for(side, 'memwarden_policy_reloads_total{result="ok"}', 1.0)
-        assert httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()["policy"]["sha256"] != before
+        assert side.readiness().json()["policy"]["sha256"] != before
         assert side.proc.poll() is None
     finally:
         side.stop()
@@ -71,7 +71,7 @@ def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) ->
     side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES, extra_env={
         "MEMWARDEN_SHADOW_MODE": "true", "MEMWARDEN_SHADOW_MODE_CONFIRM": "decisions-are-not-enforced"})
     try:
-        ready = httpx.get(side.url + "/_memwarden/readyz", trust_env=False).json()
+        ready = side.readiness().json()
         assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
         assert metric(side, "memwarden_shadow_mode") == 1.0
         assert "shadow_mode_enabled" in side.log.read_text()

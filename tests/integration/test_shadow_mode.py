@@ -45,7 +45,7 @@ def test_get_query_count_return_would_deny_rows_with_reasons(shadow: tuple[Stack
         r = h.post(f"{base}/add", json={"ids": ["a1", "f1", "t1"], "embeddings": [[1.0, 0.0], [0.9, 0.1], [0.8, 0.2]],
                                          "metadatas": [{"mw_scope": "agent"}, {"mw_scope": "fleet"}, {"mw_scope": "tenant"}]})
         assert r.status_code == 200
-    assert stack.http().get("/_memwarden/readyz").json()["mode"] == "shadow"
+    assert stack.sidecar.readiness().json()["mode"] == "shadow"
     r, e = call(stack, log, "POST", f"{base}/get", peer, json={})
     assert sorted(r.json()["ids"]) == ["a1", "f1", "t1"]  # enforcement would return only t1
     assert (e["mode"], e["decision"], e["would_deny"], e["would_deny_reasons"]) == ("shadow", "allow", 2, {"no_permit": 2})

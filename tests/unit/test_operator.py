@@ -72,6 +72,12 @@ def make(ledger: SQLiteLedger, policies_dir: Path = POLICIES, handler: Any = rep
     return TestClient(app), seen
 
 
+def details(client: TestClient, ledger: SQLiteLedger) -> httpx.Response:
+    """``/_memwarden/readyz`` with an operator key: the details (checks, policy set, mode)."""
+    key = ledger.create_key("operator", None, None, None, 0)[1]
+    return client.get("/_memwarden/readyz", headers={"X-API-Key": key})
+
+
 def samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = client.app.state.services.metrics.render().decode()  # type: ignore[attr-defined]
     out = {}
@@ -88,7 +94,8 @@ def value(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 def test_probes(ledger: SQLiteLedger) -> None:
     client, _ = make(ledger)
     assert client.get("/_memwarden/healthz").json() == {"status": "ok"}
-    r = client.get("/_memwarden/readyz")
+    assert client.get("/_memwarden/readyz").json() == {"ready": True}
+    r = details(client, ledger)
     assert r.status_code == 200 and r.json()["checks"] == {"ledger": True, "policies": True, "backend": True}
     assert r.json()["mode"] == "enforce" and len(r.json()["policy"]["sha256"]) == 64
     assert value(samples(client), "memwarden_ready") == 1
@@ -114,13 +121,19 @@ def test_readyz_is_503_when_backend_or_ledger_is_down(ledger: SQLiteLedger, tmp_
     client, _ = make(ledger, handler=down)
     assert client.get("/_memwarden/healthz").status_code == 200  # the process is up
     r = client.get("/_memwarden/readyz")
+    assert r.status_code == 503 and r.json() == {"ready": False}
+    r = details(client, ledger)
     assert r.status_code == 503 and r.json()["checks"]["backend"] is False
     assert value(samples(client), "memwarden_ready") == 0
     other = SQLiteLedger(tmp_path / "other.db")
     client, _ = make(other)
     other.close()
     r = client.get("/_memwarden/readyz")
-    assert r.status_code == 503 and r.json()["checks"]["ledger"] is False
+    assert r.status_code == 503 and r.json() == {"ready": False}  # no operator key can be checked either
+    from sidecar.app import readiness
+
+    ready, body = asyncio.run(readiness(client.app.state.services))  # type: ignore[attr-defined]
+    assert not ready and body["checks"]["ledger"] is False  # type: ignore[index]
 
 
 def test_metrics_count_requests_decisions_rows_and_latencies(ledger: SQLiteLedger) -> None:
@@ -178,7 +191,7 @@ def test_reload_valid_invalid_and_invariant_violating(ledger: SQLiteLedger, poli
     m = samples(client)
     assert value(m, "memwarden_policy_reloads_total", result="invalid") == 1
     assert value(m, "memwarden_policy_last_reload_success") == 0
-    assert "invalid" in client.get("/_memwarden/readyz").json()["policy"]["last_reload_error"]
+    assert "invalid" in details(client, ledger).json()["policy"]["last_reload_error"]
     # valid Cedar that breaks tenant isolation: policy-check rejects it, last known good kept
     shutil.copy(BROKEN, policies / "default.cedar")
     assert handle.reload() == "invariant_violation" and handle.engine is good_engine
@@ -204,14 +217,15 @@ def test_reload_changes_decisions_and_is_never_half_applied(ledger: SQLiteLedger
 def test_watcher_applies_a_valid_change(ledger: SQLiteLedger, policies: Path) -> None:
     app = create_app(Settings(policies_dir=policies, backend_url="http://backend:9", policy_watch_interval_s=0.2),
                      transport=httpx.MockTransport(reply), ledger=ledger)
+    op = {"X-API-Key": ledger.create_key("operator", None, None, None, 0)[1]}
     with TestClient(app) as client:
-        before = client.get("/_memwarden/readyz").json()["policy"]["sha256"]
+        before = client.get("/_memwarden/readyz", headers=op).json()["policy"]["sha256"]
         with open(policies / "default.cedar", "a") as fh:
             fh.write("\n// watched\n")
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and client.get("/_memwarden/readyz").json()["policy"]["sha256"] == before:
+        while time.monotonic() < deadline and client.get("/_memwarden/readyz", headers=op).json()["policy"]["sha256"] == before:
             time.sleep(0.2)
-        assert client.get("/_memwarden/readyz").json()["policy"]["sha256"] != before
+        assert client.get("/_memwarden/readyz", headers=op).json()["policy"]["sha256"] != before
         assert value(samples(client), "memwarden_policy_reloads_total", result="ok") == 1
 
 
@@ -233,7 +247,7 @@ def test_shadow_mode_forwards_denied_writes_and_is_loud(ledger: SQLiteLedger, ca
     r = client.post(f"{BASE}/add", json=body, headers={"X-API-Key": reader2})
     assert r.status_code == 200 and any(req.url.path.endswith("/add") for req in seen)
     assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": "mwk_nope.nope"}).status_code == 401  # authn still enforced
-    ready = client.get("/_memwarden/readyz").json()
+    ready = details(client, ledger2).json()
     assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
     m = samples(client)
     assert value(m, "memwarden_shadow_mode") == 1
@@ -364,3 +378,49 @@ def test_reload_when_policy_check_cannot_run_keeps_the_old_set(ledger: SQLiteLed
         fh.write("\n// unchecked\n")
     assert handle.reload() == "error" and handle.engine is engine
     assert value(samples(client), "memwarden_policy_reloads_total", result="error") == 1
+
+
+def test_readyz_details_only_to_an_operator_key(ledger: SQLiteLedger, policies: Path) -> None:
+    """Issue 34, finding 12: on the API port readyz answers without a key, so it says ready or not (200/503)
+    and nothing else; the details — absolute policy paths in reload problems, counterexamples, the checks,
+    the mode — go to an operator key only (and to the metrics listener, `serve_metrics`)."""
+    client, _ = make(ledger, policies)
+    (policies / "default.cedar").write_text((policies / "default.cedar").read_text() + "\npermit (principal, action, resource")
+    assert client.app.state.services.policy.reload() == "invalid"  # type: ignore[attr-defined]
+    agent = ledger.create_key("agent", "t", "red", "a", 3)[1]
+    admin = ledger.create_key("admin", "t", None, None, 0)[1]
+    operator = ledger.create_key("operator", None, None, None, 0)[1]
+    for headers in ({}, {"X-API-Key": agent}, {"Authorization": f"Bearer {admin}"}, {"X-API-Key": "mwk_nope.nope"},
+                    {"X-API-Key": operator, "Authorization": f"Bearer {agent}"}):  # ambiguous: refused, no details
+        r = client.get("/_memwarden/readyz", headers=headers)
+        assert r.status_code == 200 and r.json() == {"ready": True}, headers
+        assert str(policies) not in r.text
+    for headers in ({"X-API-Key": operator}, {"Authorization": f"Bearer {operator}"}):
+        r = client.get("/_memwarden/readyz", headers=headers)
+        body = r.json()
+        assert r.status_code == 200 and body["ready"] is True and body["checks"]["backend"] is True
+        assert "invalid" in body["policy"]["last_reload_error"] and str(policies) in json.dumps(body["policy"])
+
+
+def test_metrics_listener_serves_readiness_details(ledger: SQLiteLedger) -> None:
+    """The operator listener (`serve_metrics`): ``/_memwarden/readyz`` answers what it is given, as JSON with
+    200 or 503; every other path the exposition text."""
+    from sidecar.harness import free_port
+    from sidecar.metrics import Metrics, serve_metrics
+
+    state: dict[str, Any] = {"ready": True}
+    metrics = Metrics()
+    port = free_port()
+    stop = serve_metrics(metrics, "127.0.0.1", port, readyz=lambda: (state["ready"], {"ready": state["ready"], "policy": "p"}))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.get(url + "/_memwarden/readyz", trust_env=False)
+        assert r.status_code == 200 and r.json() == {"ready": True, "policy": "p"}
+        state["ready"] = False
+        r = httpx.get(url + "/_memwarden/readyz", trust_env=False)
+        assert r.status_code == 503 and r.json() == {"ready": False, "policy": "p"}
+        for path in ("/metrics", "/"):
+            r = httpx.get(url + path, trust_env=False)
+            assert r.status_code == 200 and "memwarden_ready" in r.text
+    finally:
+        stop()

@@ -58,7 +58,7 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Mem0Stack, Path]
     s, log = logged
     w = s.world([("red", "owner", 1), ("red", "other", 1), ("red", "reader", 0)], prefix="mdl")
     owner, other, reader = w.keys["owner"], w.keys["other"], w.keys["reader"]
-    sha = s.http().get("/_memwarden/readyz").json()["policy"]["sha256"]
+    sha = s.sidecar.readiness().json()["policy"]["sha256"]
     r, e = add(s, log, owner, "owner's private note about the launch", mw_scope="agent")
     assert r.status_code == 200 and (e["decision"], e["reason"], e["action"], e["policy_sha256"]) == ("allow", None, "write", sha)
     private = r.json()["results"][0]["id"]
