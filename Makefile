@@ -20,6 +20,8 @@ demo: $(STAMP)
 	$(BIN)/memwarden demo
 
 test: $(STAMP)
+	$(BIN)/ruff check sidecar invariants tests bench
+	$(BIN)/mypy sidecar/core invariants
 	$(BIN)/pytest
 
 serve: $(STAMP)

@@ -160,7 +160,7 @@ class Phase:
             self.servers.append(self.core)
         self.sidecars: dict[str, Server] = {}
         for plan in args.plans:
-            side = start_sidecar(self.chroma.url, root / f"ledger.db", POLICIES,
+            side = start_sidecar(self.chroma.url, root / "ledger.db", POLICIES,
                                  extra_env={**env, **PLAN_ENV[plan], "MEMWARDEN_RECONCILE_INTERVAL_S": "0",
                                             "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0",
                                             "MEMWARDEN_DECISION_LOG_SINK": "file",

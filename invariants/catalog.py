@@ -47,7 +47,7 @@ from .concrete import evaluate
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
 from .summary import counterexample_summary as cx_summary
-from .schema import LONG, Schema, TLong
+from .schema import LONG, Schema
 from .translate import (LONG_MAX, LONG_MIN, PolicyTerm, Query, Registry, Request, Store, Translator, Val,
                         background, policy_set_terms)
 

@@ -99,7 +99,7 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
         f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
         f"  rows      decided {gate.row_decisions or 'per row'}",
         f"  ledger    {ledger}",
-        f"  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
+        "  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
         f"  mode      {mode}",
     ]
 

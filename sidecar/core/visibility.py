@@ -121,8 +121,9 @@ def sql_branches(v: Visibility, ph: str, reads_json: str) -> list[tuple[str, tup
         return [("FALSE", ())]
     out: list[tuple[str, tuple[Any, ...]]] = []
     for c in v.clauses:
-        cond, args = f"scope = '{c.scope}'", ()  # SCOPES are literals of this module, never input
-        assert c.scope in SCOPES
+        assert c.scope in SCOPES  # literals of the governance model, never input: safe in the SQL text
+        cond: str = f"scope = '{c.scope}'"
+        args: tuple[Any, ...] = ()
         if c.owner is not None:
             cond, args = f"{cond} AND owner = {ph}", (c.owner,)
         if c.fleet is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 from typing import Iterator
 
 import pytest

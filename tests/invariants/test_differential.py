@@ -17,7 +17,6 @@ from typing import Any
 
 import cedarpy
 from hypothesis import given, note
-from hypothesis import strategies as st
 
 from invariants.concrete import evaluate
 from invariants.engine import authorize, parse_text

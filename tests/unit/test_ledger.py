@@ -140,7 +140,7 @@ def test_migration_5_gives_existing_keys_no_roles(kind: str, tmp_path: Path, req
         db.execute(f"INSERT INTO schema_version VALUES ({ph}{', 0' if kind == 'postgres' else ''})", (version + 1,))
     db.execute(f"INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at) "
                f"VALUES ('k4', '00', {ph}, 'agent', 't', 'red', 'a', 1, 1)", (hash_secret(b"\0", "s"),))
-    db.execute(f"INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES ('t/red/a', 't', 'red', 'a', 1)")
+    db.execute("INSERT INTO agents (agent_uid, tenant, fleet, agent, trust) VALUES ('t/red/a', 't', 'red', 'a', 1)")
     db.close()
     ledger = SQLiteLedger(tmp_path / "v4.db") if kind == "sqlite" else open_ledger(url, schema=schema, max_size=2)
     try:

@@ -9,7 +9,6 @@ own); a closed connection fails as the cursor does (`psycopg.OperationalError`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Iterator
 
 import psycopg

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -167,7 +167,7 @@ def render(out: Path, data: RunData) -> Path:
 
 def _markdown(data: RunData, summary: dict[str, Any], domains: list[str]) -> str:
     records = data.records
-    lines = [f"# GateMem through memwarden, retrieval layer", "",
+    lines = ["# GateMem through memwarden, retrieval layer", "",
              f"Command: `{summary['command']}`  ", f"Wall time: {summary['wall_s']:.0f} s", "",
              "Variants: " + "; ".join(f"({v}) {d}" for v, d in variant_names(data.backend).items()) + ".", "",
              "U = fraction of the utility checkpoints' `judge_spec.include` patterns present in the top-k rows (pooled; "
