@@ -1,7 +1,7 @@
 """The Mem0 profile's reads on a PostgreSQL ledger, where they read the ledger in one trip off the event loop
-(`Authorizer.prefetch` before each batch of get, list, search and history): the conformance reads of
-`test_mem0_profile` (cedarpy as the oracle) and the search refill run again here against a sidecar whose
-ledger is a fresh PostgreSQL schema."""
+(`Authorizer.prefetch` before each batch of get, list, search and history): the conformance suite's reads
+(tests/conformance, cedarpy as the oracle) and the search refill of `test_mem0_profile` run again here against a
+sidecar whose ledger is a fresh PostgreSQL schema."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from sidecar.harness import Server, start_sidecar
 from sidecar.ledger.postgres import PostgresLedger
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import Mem0Stack, sidecar_env
-from tests.integration.mem0.test_mem0_profile import test_reads_match_cedar, test_search_refills_to_top_k, world  # noqa: F401
+from tests.conformance.corpus import PRINCIPALS
+from tests.conformance.drivers import Mem0Driver, World
+from tests.conformance import test_conformance as conformance
+from tests.integration.mem0.test_mem0_profile import test_search_refills_to_top_k, world  # noqa: F401
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -47,6 +50,16 @@ def mem0_stack(tmp_path_factory: pytest.TempPathFactory, mem0_server: Server, pg
     finally:
         sidecar.stop()
     assert not (tmp / "unused.db").exists()
+
+
+@pytest.fixture(scope="module")
+def conformance_world(mem0_stack: Mem0Stack) -> World:
+    return Mem0Driver(mem0_stack).world("pgconf")
+
+
+@pytest.mark.parametrize("principal", PRINCIPALS)
+def test_conformance_reads_on_postgres(mem0_stack: Mem0Stack, conformance_world: World, principal: str) -> None:
+    conformance.test_every_read_path_serves_what_cedar_allows(Mem0Driver(mem0_stack), conformance_world, principal)
 
 
 def test_reads_make_one_ledger_trip_per_batch(mem0_stack: Mem0Stack, world: tuple) -> None:  # noqa: F811
