@@ -253,6 +253,8 @@ class Translator:
                 if c is None:
                     return None
                 conds.append(c)
+            if pol.unmodelled:
+                raise Unsupported(pol.unmodelled)
             val, err = Val(BOOL, z3.And(*conds) if conds else T), F
             for cl in a.clauses:
                 body: Any = cl.expr
