@@ -28,7 +28,15 @@ from rich.table import Table
 from .catalog import CheckResult
 from .policytests import PolicyTestResult
 
-__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log"]
+__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log", "ASSUMPTIONS"]
+
+# What every PROVED rests on, printed with every report (text footer, JSON ``assumptions``, SARIF run
+# properties). Checked where it can be: every counterexample holds both entities, and a policy test Cedar
+# allows without them fails (``invariants.policytests``); the sidecar builds both entities for each request.
+ASSUMPTIONS = (
+    "every request's principal and resource entity is present in the entity store (so `principal has tenant` "
+    "holds for every principal type declaring tenant; a request without them is outside the proofs)",
+)
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow", "NARROWED": "yellow",
@@ -81,6 +89,7 @@ def _json(rep: Report) -> dict[str, Any]:
                      "counterexample_file": rep.saved.get((r.invariant, r.action)),
                      "counterexample": r.counterexample} for r in rep.results],
         "tests": [asdict(t) for t in rep.tests],
+        "assumptions": list(ASSUMPTIONS),
         **(_diff_json(rep) if rep.diff is not None else {}),
     }
 
@@ -144,6 +153,7 @@ def sarif_log(results: list[dict[str, Any]], rules: list[str]) -> dict[str, Any]
             "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
                                           "rules": [{"id": r} for r in rules]}},
                       "columnKind": "unicodeCodePoints",
+                      "properties": {"assumptions": list(ASSUMPTIONS)},
                       "results": results}]}
 
 
@@ -262,6 +272,8 @@ def _text(rep: Report, console: Console) -> None:
         console.print(f"policy tests: {len(rep.tests) - len(failed)} passed, {len(failed)} failed")
         for t in failed:
             console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
+    for a in ASSUMPTIONS:
+        console.print(f"assumes: {a}", highlight=False, markup=False)
     s = rep.summary()
     console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from invariants.engine import NESTING_MODELLED, authorize, parse_text
 
-from .conftest import POLICIES, SCHEMA
-from .test_policy_check import run_json
+from .conftest import FIXTURES, POLICIES, SCHEMA
+from .test_policy_check import run, run_json
 
 
 def _dir(tmp_path: Path, name: str, text: str) -> Path:
@@ -74,3 +74,46 @@ def test_chains_are_balanced_in_order_and_deep_ones_are_unknown(tmp_path: Path) 
     unknown = [r for r in rep["results"] if r["status"] == "UNKNOWN"]
     assert unknown and all("deep" in r["message"] and "levels" in r["message"] for r in unknown)
     assert all(r["status"] != "INVALID" for r in rep["results"])
+
+
+# ---- item 4: who writes a row of an owner; the principal-present assumption
+
+def test_tenant_admins_writing_any_agents_rows_is_violated(tmp_path: Path) -> None:
+    fx = FIXTURES / "tenant-admins-write-any-row"
+    code, rep = run_json(str(fx), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1
+    bad = {(r["invariant"], r["action"]): r for r in rep["results"] if r["status"] != "PROVED"}
+    assert set(bad) == {("row-writer-is-owner", "write")}, {k: v["status"] for k, v in bad.items()}
+    row = bad[("row-writer-is-owner", "write")]
+    assert row["status"] == "VIOLATED" and row["permitted_by"][0]["policy"] == "tenant-admin-rows"
+    cex = row["counterexample"]
+    assert cex["request"]["principal"]["type"] == "TenantAdmin"
+    pols = parse_text((fx / "policies.cedar").read_text(), "policies.cedar").policies
+    assert authorize(cex["request"], pols, cex["entities"], SCHEMA.read_text()).allow
+    default = parse_text((POLICIES / "default.cedar").read_text(), "default.cedar").policies
+    assert not authorize(cex["request"], default, cex["entities"], SCHEMA.read_text()).allow
+    assert any("principal and resource entity is present" in a for a in rep["assumptions"])
+
+
+def test_principal_present_assumption_is_printed_and_checked_by_policy_tests(tmp_path: Path) -> None:
+    # `!(principal has tenant)` is PROVED (under the assumption that the principal is in the store) ...
+    d = _dir(tmp_path, "zz-absent.cedar", '@id("absent-principal")\npermit (principal is Agent, '
+                                           'action == Action::"read", resource is Memory)\n'
+                                           'when { !(principal has tenant) };\n')
+    code, out = run(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 0, out
+    assert "assumes: every request's principal and resource entity is present" in out
+    # ... and a policy test where Cedar allows such a request (the principal absent) fails, naming it.
+    (d / "tests").mkdir()
+    (d / "tests" / "absent.json").write_text(json.dumps({"entities": [
+        {"uid": {"type": "Memory", "id": "m"}, "parents": [], "attrs": {
+            "tenant": {"__entity": {"type": "Tenant", "id": "t"}}, "fleet": {"__entity": {"type": "Fleet", "id": "t/f"}},
+            "owner": {"__entity": {"type": "Agent", "id": "t/f/a"}}, "scope": "agent", "status": "active",
+            "readers": [], "labels": []}}],
+        "cases": [{"name": "unknown agent", "principal": {"type": "Agent", "id": "t/f/ghost"},
+                   "action": {"type": "Action", "id": "read"}, "resource": {"type": "Memory", "id": "m"},
+                   "expect": "allow"}]}))
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"))
+    assert code == 1
+    t = rep["tests"][0]
+    assert not t["passed"] and "principal entity is absent" in t["message"], t
