@@ -481,16 +481,72 @@ def validate(policies: list[Policy], schema_text: str, what: str = "policy", sch
             line, col = (pol.line, pol.column) if pol else (0, 0)
             if pol is not None:
                 toks = tokens(pol.text)
+                off = None
                 for frag in _fragments(msg, reverse=False):
                     off = find_fragment(pol.text, toks, frag, 0, len(toks) - 1, "attribute `" in msg)
                     if off is not None:
-                        dl, dc = line_col(pol.text, off)
-                        line, col = pol.line + dl - 1, (pol.column + dc - 1 if dl == 1 else dc)
                         break
-            problems.append((pol.file if pol else "?", line, pol.id if pol else err.policy_id, msg))
+                if off is None:  # a type error names no token: the operand of the condition that has it
+                    off = _operand_with(pol.text, toks, err.error, schema_text)
+                if off is not None:
+                    dl, dc = line_col(pol.text, off)
+                    line, col = pol.line + dl - 1, (pol.column + dc - 1 if dl == 1 else dc)
+            where = (pol.file if pol else "?", line, pol.id if pol else err.policy_id)
+            # Cedar may report one fault twice ("unexpected type …" and "the types … are not compatible"):
+            # one problem per position, its messages joined.
+            same = next((i for i, (f, ln, pid, _) in enumerate(problems)
+                         if (f, ln, pid) == where and cols[i] == col), None)
+            if same is not None:
+                if msg not in problems[same][3]:
+                    problems[same] = (*where, f"{problems[same][3]}; {msg}")
+                continue
+            problems.append((*where, msg))
             cols.append(col)
     if problems:
         raise PolicyInvalid(problems, cols)
+
+
+def _operand_with(text: str, toks: list[Token], error: str, schema_text: str) -> int | None:
+    """Offset in a policy's ``text`` of the first top-level ``&&``/``||`` operand of a ``when``/``unless``
+    body that, validated alone in the policy's scope, gives the same error (Cedar's validator reports type
+    errors without a position), or None."""
+    bare = re.sub(r"^for policy `policy\d+`, ", "", error)
+    head_end = next((i for i, t in enumerate(toks) if t.text in ("when", "unless")), None)
+    if head_end is None:
+        return None
+    head = text[:toks[head_end].start]
+    i = head_end
+    while i < len(toks):
+        if toks[i].text in ("when", "unless") and i + 1 < len(toks) and toks[i + 1].text == "{":
+            kw, j, depth, start = toks[i].text, i + 2, 0, i + 2
+            spans = []
+            while j < len(toks):
+                t = toks[j].text
+                if t in ("(", "[", "{"):
+                    depth += 1
+                elif t in (")", "]", "}"):
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif t in ("&&", "||") and depth == 0:
+                    spans.append((start, j - 1))
+                    start = j + 1
+                j += 1
+            spans.append((start, j - 1))
+            if len(spans) > 1:
+                for a, b in spans:
+                    if a > b:
+                        continue
+                    cand = f"{head} {kw} {{ {text[toks[a].start:toks[b].end]} }};"
+                    try:
+                        res = cedarpy.validate_policies(cand, schema_text)
+                    except ValueError:
+                        continue
+                    if any(re.sub(r"^for policy `policy\d+`, ", "", e.error) == bare for e in res.errors):
+                        return toks[a].start
+            i = j
+        i += 1
+    return None
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,7 @@ def test_fixture_details(tmp_path: Path) -> None:
 def test_text_output_shows_counterexample(tmp_path: Path) -> None:
     code, out = run(str(FIXTURES / "fleet-ignores-trust"), "--schema", str(SCHEMA), "--counterexamples", str(tmp_path))
     assert code == 1
-    assert "VIOLATED" in out and '"principal"' in out and "read-fleet-scope" in out
+    assert "VIOLATED" in out and 'request: Agent::"agent1" read Memory::"memory1"' in out and "read-fleet-scope" in out
     assert list(tmp_path.glob("inv-scope--read.json"))
 
 
