@@ -117,3 +117,44 @@ def test_principal_present_assumption_is_printed_and_checked_by_policy_tests(tmp
     assert code == 1
     t = rep["tests"][0]
     assert not t["passed"] and "principal entity is absent" in t["message"], t
+
+
+# ---- item 2: `like` patterns of the finite prefix/suffix/contains fragment are decided outright
+
+LIKE_EMPTY = ('@id("allow-minus-deny")\npermit (principal is Agent, action == Action::"read", resource is Memory)\n'
+              'when { resource.tenant == principal.tenant && resource.scope like "x*y" && '
+              '!(resource.scope like "*y") };\n')
+
+
+def test_like_allow_list_minus_deny_list_is_proved(tmp_path: Path) -> None:
+    d = _dir(tmp_path, "zz-like.cedar", LIKE_EMPTY)
+    code, rep = run_json(str(d), "--counterexamples", str(tmp_path / "c"), "--timeout", "5")
+    assert code == 0, [r for r in rep.get("results", []) if r["status"] != "PROVED"]
+    assert _statuses(rep, "read")["inv-scope"] == "PROVED"
+
+
+def test_like_fragment_agrees_with_cedar() -> None:
+    """Every pattern shape of the fragment against strings around it: the Z3 encoding and Cedar agree."""
+    import itertools
+
+    import cedarpy
+    import z3
+
+    from invariants.translate import like
+    from invariants.zstring import Codec
+
+    codec = Codec()
+    pats = ["", "*", "**", "ab", "ab*", "*ab", "*ab*", "a*b", "a**b", "ab*ba", "*a*", "a*", "*\\\\*", "x*y",
+            "a*b*c", "*a*b", "\U0001F600*"]
+    words = ["", "a", "b", "ab", "ba", "aba", "abba", "abab", "xy", "x", "y", "xay", "*", "a*b", "abc", "acb",
+             "\U0001F600", "\U0001F600a"]
+    for pat, w in itertools.product(pats, words):
+        ps = cedarpy.policies_to_pst(f'permit (principal, action, resource) when {{ context.s like "{pat}" }};')
+        pol = next(iter(ps.static_policies.values()))
+        elems = pol.clauses[0].expr.pattern
+        got = z3.simplify(like(codec.encode(w), elems, codec))
+        req = {"principal": {"type": "A", "id": "a"}, "action": {"type": "Action", "id": "r"},
+               "resource": {"type": "R", "id": "r"}, "context": {"s": w}}
+        text = f'permit (principal, action, resource) when {{ context.s like "{pat}" }};'
+        want = cedarpy.is_authorized(req, text, []).decision == cedarpy.Decision.Allow
+        assert z3.is_true(got) == want and (z3.is_true(got) or z3.is_false(got)), (pat, w)
