@@ -165,7 +165,7 @@ def test_narrowing_passes_and_no_change_is_unchanged(dirs: Any, tmp_path: Path) 
 
 def test_disagreement_is_exit_4_in_every_format(dirs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Inject a translator bug: `like` matches exactly the strings the pattern rejects (Cedar is not fooled).
-    monkeypatch.setattr(translate, "_pattern", lambda elems, codec: translate.z3.Complement(real_pattern(elems, codec)))
+    monkeypatch.setattr(translate, "like", lambda s, elems, codec: translate.z3.Not(real_like(s, elems, codec)))
     like = _copy("like-other-tenants", tmp_path)
     for fmt in ("sarif", "json", "junit"):
         code, out = cli("--compare", str(POLICIES), str(like), "--format", fmt, "--counterexamples", str(tmp_path / "c"))
@@ -178,4 +178,4 @@ def test_disagreement_is_exit_4_in_every_format(dirs: Any, tmp_path: Path, monke
             assert ET.fromstring(out).findall(".//failure")
 
 
-real_pattern = translate._pattern
+real_like = translate.like
