@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import ssl
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -46,11 +47,21 @@ from sidecar.server import _COALESCE_MAX, CoalescingTransport
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.canonicalize import credential
 from sidecar.stages.forward import Upstream
+from sidecar.stages.http1 import client_tls_context
 
 # Unauthenticated probes served by FastAPI; every other path (``/_memwarden/memories/…`` and
 # ``/_memwarden/metrics`` included) goes through the pipeline, which authenticates first. Prometheus
 # metrics have their own listener (`sidecar.metrics.serve_metrics`, started by ``memwarden serve``).
 INTERNAL_ROUTES = frozenset({b"/_memwarden/healthz", b"/_memwarden/readyz"})
+
+
+def backend_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of an ``https://`` backend from ``BACKEND_CA_BUNDLE``, ``BACKEND_CLIENT_CERT`` and
+    ``BACKEND_CLIENT_KEY`` (`client_tls_context`; the files were checked when the settings were made); None for
+    ``http://``."""
+    if settings.backend_url.scheme != "https":
+        return None
+    return client_tls_context(settings.backend_ca_bundle, settings.backend_client_cert, settings.backend_client_key)
 
 
 class Services:
@@ -83,7 +94,7 @@ class Services:
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,
             token=settings.backend_token, transport=transport,
-            max_response_bytes=settings.backend_max_response_bytes,
+            max_response_bytes=settings.backend_max_response_bytes, ssl_context=backend_tls_context(settings),
         )
         instrument_upstream(self.upstream, self.metrics)
         self.authz = Authorizer(self.policy, self.ledger)
