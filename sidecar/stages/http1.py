@@ -405,9 +405,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
         status, headers, content = await self.send(
             request.method, self._head(request, len(body)), body, request.extensions.get("timeout", {}),
             retryable, request.url.host, request.url.port or (443 if tls else 80), request, tls=tls)
-        # The body as received (still content-encoded): a stream, so that httpx does not decode it here in
-        # full; `decode_body` decodes it under the cap (the forward stage), httpx's own reading decodes it unbounded.
-        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content), request=request,
+        if any(name.lower() == b"content-encoding" for name, _ in headers):
+            # The body as received, still encoded: a stream, so that httpx does not decode it here in full;
+            # `decode_body` decodes it under the cap (the forward stage); httpx's own reading decodes it unbounded.
+            return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content), request=request,
+                                  extensions={"http_version": b"HTTP/1.1"})
+        return httpx.Response(status, headers=headers, content=content, request=request,
                               extensions={"http_version": b"HTTP/1.1"})
 
     async def send(self, method: str, head: bytes, body: bytes, timeouts: dict[str, float | None], retryable: bool,
@@ -612,7 +615,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             raise httpx.ReadError(f"backend read failed: {exc}", request=request) from exc
         headers = parsed.headers
         keep = parsed.complete and parsed.keep_alive and not conn.dirty and _framed(headers)
-        answer = (parser.get_status_code(), headers, b"".join(parsed.body))
+        answer = (parsed.status, headers, b"".join(parsed.body))  # the final answer's, not a later message's
         if keep and parsed.begun == 1:  # one message, parsed to its end: the parser is where a new one starts
             parsed.headers = parsed.body = None  # type: ignore[assignment]  # an idle connection holds no answer
             conn.spare = parsed
