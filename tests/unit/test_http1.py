@@ -938,8 +938,8 @@ class ThreadedBackend:
                 sock, _ = self.listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(sock, self.connections), daemon=True).start()
             self.connections += 1
+            threading.Thread(target=self._serve, args=(sock, self.connections - 1), daemon=True).start()
 
     def _serve(self, sock: socket.socket, conn: int) -> None:
         buffered, n = b"", 0
