@@ -566,7 +566,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         else:  # the last exchange's parser, at a message boundary: as a new one would start
             conn.spare = None
             parsed.reset()
-        parser = conn.parser = parsed.parser
+        conn.parser = parsed.parser
         conn.parsed, conn.head_only, conn.reused, conn.received, conn.outcome = parsed, method == "HEAD", reused, 0, None
         waiter = conn.waiter = conn.loop.create_future()
         transport = conn.transport
