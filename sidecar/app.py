@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import ssl
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -34,7 +33,7 @@ from sidecar import decisionlog
 from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
-from sidecar.config import Settings
+from sidecar.config import Settings, backend_tls_context
 from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.ledger.postgres import PostgresLedger
@@ -47,21 +46,11 @@ from sidecar.server import _COALESCE_MAX, CoalescingTransport
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.canonicalize import credential
 from sidecar.stages.forward import Upstream
-from sidecar.stages.http1 import client_tls_context
 
 # Unauthenticated probes served by FastAPI; every other path (``/_memwarden/memories/…`` and
 # ``/_memwarden/metrics`` included) goes through the pipeline, which authenticates first. Prometheus
 # metrics have their own listener (`sidecar.metrics.serve_metrics`, started by ``memwarden serve``).
 INTERNAL_ROUTES = frozenset({b"/_memwarden/healthz", b"/_memwarden/readyz"})
-
-
-def backend_tls_context(settings: Settings) -> ssl.SSLContext | None:
-    """The TLS context of an ``https://`` backend from ``BACKEND_CA_BUNDLE``, ``BACKEND_CLIENT_CERT`` and
-    ``BACKEND_CLIENT_KEY`` (`client_tls_context`; the files were checked when the settings were made); None for
-    ``http://``."""
-    if settings.backend_url.scheme != "https":
-        return None
-    return client_tls_context(settings.backend_ca_bundle, settings.backend_client_cert, settings.backend_client_key)
 
 
 class Services:

@@ -274,6 +274,18 @@ class ConfigError(ValueError):
     """A configuration the sidecar refuses; the message is one line naming the key."""
 
 
+def backend_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of an ``https://`` backend from ``BACKEND_CA_BUNDLE``, ``BACKEND_CLIENT_CERT`` and
+    ``BACKEND_CLIENT_KEY`` (`sidecar.stages.http1.client_tls_context`: certificate and host name verification on;
+    the files were checked when the settings were made); None for ``http://``. Used by ``serve`` (the forward
+    stage) and ``memwarden adopt``. Raises what `client_tls_context` raises should the files have changed since."""
+    if settings.backend_url.scheme != "https":
+        return None
+    from sidecar.stages.http1 import client_tls_context
+
+    return client_tls_context(settings.backend_ca_bundle, settings.backend_client_cert, settings.backend_client_key)
+
+
 def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 

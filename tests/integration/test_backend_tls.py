@@ -2,12 +2,13 @@
 ``MEMWARDEN_BACKEND_CA_BUNDLE``. The session's `chroma run` speaks plain HTTP; a small TLS-terminating proxy
 (asyncio, its own thread) serves it on ``https://localhost:<port>`` with a certificate from a throw-away CA
 (`tests.tls_certs`). A `memwarden serve` that trusts that CA serves the whole governed path (provision, add,
-read back) through it; one that trusts another CA answers 502 naming TLS verification; a missing bundle is
+read back) through it, and so does `memwarden adopt`; one that trusts another CA answers 502 naming TLS verification; a missing bundle is
 refused at start-up."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +101,19 @@ def test_the_sidecar_serves_chroma_over_tls(chroma_server: Server, tls_chroma: T
         with stack.http() as http:  # ready: the backend's heartbeat answered over TLS
             ready = http.get("/_memwarden/readyz")
             assert (ready.status_code, ready.json()) == (200, {"ready": True})
+        # `memwarden adopt` reads the backend with the same TLS settings
+        rules = tmp_path / "rules.toml"
+        rules.write_text(f'tenant = "{tenant.name}"\n[[collection]]\nname = "mem"\nowner = "f/a"\nscope = "fleet"\n')
+        env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MEMWARDEN_")}
+        command = [sys.executable, "-m", "sidecar.cli", "adopt", "chroma", "--rules", str(rules), "--dry-run",
+                   "--format", "json", "--ledger", str(tmp_path / "ledger.db"),
+                   "--backend-url", f"https://localhost:{tls_chroma.port}"]
+        done = subprocess.run(command, env={**env, "MEMWARDEN_BACKEND_CA_BUNDLE": str(certs.ca)}, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)[0]["scanned"] == 1
+        done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0 and "ConnectError" in done.stderr  # the system's trust store: not this CA
     finally:
         sidecar.stop()
 

@@ -1204,8 +1204,7 @@ def test_backend_tls_settings_are_checked_at_start_up(certs: Any, clean_env: pyt
     """A missing or unreadable CA bundle or client certificate, a key without its certificate, TLS files for an
     ``http://`` backend: refused when the settings are made, naming the variable; good files give the context
     the app's backend client uses (verification and host names on)."""
-    from sidecar.app import backend_tls_context
-    from sidecar.config import ConfigError, load_settings
+    from sidecar.config import ConfigError, backend_tls_context, load_settings
 
     env = clean_env
     env.setenv("MEMWARDEN_BACKEND_URL", "https://localhost:8443")
