@@ -180,7 +180,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = ("loop", "transport", "idle_since", "used", "eof", "lost", "lost_exc", "dirty", "write_paused",
                  "drain_waiter", "parsed", "parser", "head_only", "reused", "received", "waiter", "outcome",
-                 "last_data", "read_timeout", "timer", "timer_at", "spare")
+                 "last_data", "read_timeout", "timer", "timer_at", "spare", "poller")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -203,6 +203,7 @@ class _Connection(asyncio.Protocol):
         # The `_Parsed` (and its parser) of the last exchange when that parser stands where a new one starts:
         # it parsed exactly one message, to its end, with keep-alive, and the connection went back to the pool.
         self.spare: _Parsed | None = None
+        self.poller: Any = None  # `select.poll` object watching the socket for input (`_unread`)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -349,10 +350,11 @@ class _Connection(asyncio.Protocol):
         reached the socket since the loop last polled it would otherwise be read as the next request's
         answer. One ``poll(2)`` without waiting. With TLS, any record (a session ticket too) counts.
         True when the socket cannot be polled (no file descriptor)."""
-        sock = self.transport.get_extra_info("socket")
+        poller = self.poller
         try:
-            poller = select.poll()
-            poller.register(sock.fileno(), select.POLLIN)
+            if poller is None:  # made once per connection, at its first reuse
+                poller = self.poller = select.poll()
+                poller.register(self.transport.get_extra_info("socket").fileno(), select.POLLIN)
             return bool(poller.poll(0))
         except (AttributeError, OSError, ValueError):
             return True
