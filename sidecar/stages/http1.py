@@ -387,10 +387,6 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._ssl = ssl_context
         self._closed = False
 
-    @property
-    def max_response_bytes(self) -> int:
-        return self._cap
-
     async def aclose(self) -> None:
         self._closed = True
         while self._idle:
