@@ -212,11 +212,16 @@ def _check(loop: str, parts: list[bytes]) -> None:
     stock, guarded, one = run(loop, main())
     out, closed, scopes = guarded
     assert (out, closed) == stock[:2]
-    # One request at a time: the same requests reach the application; a malformed request after a good one
-    # is refused only once the good one is answered (stock uvicorn has parsed both and closed the connection
-    # before the good one's answer, which is lost).
-    assert one[2] == scopes and one[1] == closed
-    assert one[0] == out or (b"HTTP/1.1 400 " in out and one[0].endswith(out)), (one[0], out)
+    # One request at a time: the same, but that a malformed request pipelined after good ones is refused only
+    # once they are answered (stock uvicorn has parsed all of them, answered 400 and closed the connection:
+    # the good ones' answers are lost, and those queued behind the first never run).
+    assert one[1] == closed
+    refused = out.find(b"HTTP/1.1 400 ")
+    if refused < 0:
+        assert one[0] == out and one[2] == scopes
+    else:
+        assert one[0].startswith(out[:refused]) and one[0].endswith(out[refused:]), (one[0], out)
+        assert one[2][:len(scopes)] == scopes
     assert len(scopes) == len(stock[2])
     for (scope, body), (stock_scope, stock_body) in zip(scopes, stock[2]):
         target = scope.pop("target")
