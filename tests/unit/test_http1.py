@@ -31,8 +31,9 @@ def ok(body: bytes = b'{"ok":true}', extra: bytes = b"") -> bytes:
 
 class Backend:
     """A scripted HTTP/1.1 server on 127.0.0.1. `action(connection number, request number on it, raw
-    request)` returns the bytes to answer (or a list of byte pieces and float pauses in seconds), or None
-    to close the connection without answering."""
+    request)` returns the bytes to answer (or a list of byte pieces, float pauses in seconds and
+    `asyncio.Event`s, set once the pieces before them are sent), or None to close the connection without
+    answering."""
 
     def __init__(self, action: Action) -> None:
         self.action = action
@@ -70,6 +71,9 @@ class Backend:
                 for piece in pieces:  # a list: bytes to send, and floats (seconds to wait) between them
                     if isinstance(piece, float):
                         await asyncio.sleep(piece)
+                        continue
+                    if isinstance(piece, asyncio.Event):
+                        piece.set()
                         continue
                     writer.write(piece.removesuffix(CLOSE))
                     await writer.drain()
@@ -621,16 +625,22 @@ def test_upstream_timing_wrapper_counts_as_the_reference() -> None:
 
 def test_a_connection_with_bytes_nobody_asked_for_is_not_reused(Transport: Any) -> None:
     """Bytes arriving after a complete answer, while the connection sits in the pool: the connection is
-    dropped, the next request goes on a new one and gets its own answer."""
+    dropped, the next request goes on a new one and gets its own answer. The next request waits until the
+    late bytes have been sent (not a fixed pause: on a loaded machine both pauses could end in one loop turn,
+    the next request then going out before the late bytes are read), then for the client's loop to read them."""
+    sent: list[asyncio.Event] = []
+
     async def late_junk(conn: int, n: int, raw: bytes) -> list[Any]:
-        return [ok(b'{"conn":%d}' % conn), 0.05, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+        sent.append(asyncio.Event())
+        return [ok(b'{"conn":%d}' % conn), 0.05, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", sent[-1]]
 
     async def main() -> None:
         async with Backend(late_junk) as backend:
             async with httpx.AsyncClient(transport=Transport(), base_url=backend.url) as client:
                 for i in range(3):
                     assert (await client.get("/")).json() == {"conn": i}
-                    await asyncio.sleep(0.1)
+                    await asyncio.wait_for(sent[i].wait(), 30)
+                    await asyncio.sleep(0.05)  # loop turns in which the client's connection reads them
             assert backend.connections == 3
     run(main())
 
