@@ -158,7 +158,9 @@ def serve(
     from sidecar.server import ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
-                              max_connections=settings.max_connections)
+                              max_connections=settings.max_connections,
+                              max_pipelined_requests=settings.max_pipelined_requests,
+                              max_unsent_bytes=settings.max_unsent_bytes, write_timeout_s=settings.write_timeout_s)
     try:
         # proxy_headers=False: memwarden reads neither the peer address nor the scheme, and a forwarded
         # header is an identity claim it strips (`canonicalize.IDENTITY_HEADER_PREFIXES`), so uvicorn's

@@ -101,6 +101,15 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body must arrive within this time, seconds (408)")
     max_connections: int = Field(default=512, ge=1, description="open client connections at most; keep below the fd limit (ulimit -n)")
     max_inflight_requests: int = Field(default=256, ge=1, description="requests processed at once at most; more are answered 503")
+    max_pipelined_requests: int = Field(
+        default=16, ge=1, le=1024, description="requests of one connection begun and not yet answered at most; "
+        "beyond, the connection's further bytes are held unparsed and reading stops until answers complete")
+    max_unsent_bytes: int = Field(
+        default=256 * 1024, ge=4096, le=64 * 1024 * 1024, description="unsent answer bytes queued on one connection "
+        "before its answers wait for the client to read and the connection stops reading, bytes")
+    write_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="a connection whose output stays above max_unsent_bytes, or that "
+        "is closing with output unsent, for this long is aborted, seconds")
     shutdown_drain_s: float = Field(
         default=5.0, ge=0, description="on SIGTERM: seconds the sidecar keeps serving, new requests too, while readyz "
         "answers 503, so load balancers take it out of rotation before it stops listening (sidecar/drain.py); 0 = none")

@@ -6,18 +6,39 @@ uvicorn (0.2x–0.5x) bounds only the idle time *between* requests of a kept-ali
 ones). It has no deadline for a connection that never sends a byte, for the request line and headers,
 or for the body (uvicorn issue #157 lists ``--timeout-request-start``/``--timeout-request-complete`` as
 not built; ``timeout_keep_alive`` is reset by every byte received), so slow or half-open clients hold
-file descriptors for ever. `guarded_protocol`
-returns a subclass of `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` adding, per
-connection (all times in seconds, from `Settings`):
+file descriptors for ever. Nor does it bound pipelining: everything one read delivers (256 KiB) is parsed
+at once, each request queued with its scope and cycle, and reading resumes as soon as a request reads its
+body, so a client that pipelines thousands of requests and never reads the answers makes the process hold
+every queued request and every unsent answer (issue 34: 45 such sockets took the sidecar from 128 MiB to
+1.4 GiB and starved every other client). `guarded_protocol` returns a subclass of
+`uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` adding, per connection (all times in seconds,
+sizes in bytes, from `Settings`):
 
 - ``idle_timeout_s``: a new connection, or a kept-alive one between requests, that sends nothing for
   this long is closed (no response: there is no request to answer);
 - ``header_timeout_s``: from the first byte of a request, the request line and every header must have
   arrived within this time, else ``408`` and close (slowloris);
-- ``max_connections``: when a new connection would exceed it, the connection that has waited longest
-  *without a request in flight* (idle, or still sending headers) is closed to make room; if every
-  connection has a request in flight the new one is answered ``503`` and closed. So clients that send
-  a request promptly keep being served while slow ones hold sockets;
+- ``max_pipelined_requests``: at most this many requests of one connection are outstanding (begun and not
+  yet answered: running, queued behind the one running, or still arriving). Received bytes are handed to
+  the parser in steps that cannot hold more than the room left (a request is at least `MIN_REQUEST_BYTES`
+  long; a body of known length is one step); at the bound the rest is held, unparsed, reading stops
+  (``transport.pause_reading``), and both resume as answers complete. So a connection costs at most this
+  many queued requests plus one read (256 KiB) of held bytes, whatever it sends;
+- ``max_unsent_bytes``: the transport's write-buffer high-water mark (``set_write_buffer_limits``). Above
+  it uvicorn's ``send`` waits for the client to read (``pause_writing``), and the connection stops reading
+  and parsing: no new request is started for a client that does not take its answers. The bytes queued on a
+  connection are then at most this plus the answer being written (an answer is written whole, and
+  bounded by ``BACKEND_MAX_RESPONSE_BYTES``) plus the kernel's socket buffer;
+- ``write_timeout_s``: a connection whose output stays above ``max_unsent_bytes`` (writing paused) for this
+  long, or that is closing with output still unsent for this long, is aborted (``transport.abort``: its
+  buffer dropped, the socket reset). The deadline runs from the moment writing paused, so a close while
+  it runs does not extend it;
+- ``max_connections``: when a new connection would exceed it, a connection is closed to make room:
+  first the one stalled longest (its write deadline running: writing paused, or closing with output
+  unsent), aborted; else the one that has waited longest *without a request in flight* (idle, or still
+  sending headers), closed; if every connection has a request in flight and none is stalled the new one
+  is answered ``503`` and closed. So clients that send a request promptly and read their answers keep
+  being served while slow ones hold sockets;
 - the raw request target: uvicorn hands ASGI only the path of ``httptools.parse_url(target)``, so an
   absolute-form target (``GET http://host/api/...``, RFC 9112 §3.2.2) or a ``#fragment`` (never sent by
   a conforming client, RFC 9110 §7.1) would reach the application looking like a plain path. The raw
@@ -27,45 +48,47 @@ connection (all times in seconds, from `Settings`):
 The body deadline (``body_timeout_s``, 408) and the in-flight bound (``max_inflight_requests``, 503)
 are kept by `sidecar.app.PipelineMiddleware`, where the ASGI ``receive`` and the request task are.
 
-Per request, the subclass runs uvicorn 0.55's own parser callbacks (``data_received``,
-``on_message_begin``, ``on_headers_complete``) as one method each with the guards folded in, instead of the
-guard calling ``super()``: the same scope, cycle and task, the same refusals. One shortcut: a request target
-made only of ``/`` and the characters of `_PLAIN_TARGET` (no ``?``, ``#``, spaces, controls or non-ASCII;
-every Chroma and Mem0 path) is its own path with an empty query, which is what ``httptools.parse_url``
-returns for it, so it is not parsed again. On any other uvicorn release the guards wrap uvicorn's callbacks
-through ``super()`` as before (``tests/unit/test_server_callbacks.py`` compares both with uvicorn's own).
+The subclass calls uvicorn's own parser callbacks through ``super()`` (the scope, the cycle, the task, the
+pipelined queue and the refusals are uvicorn's); it replaces ``data_received`` (uvicorn's, feeding the parser
+in bounded steps) and replaces uvicorn's keep-alive timer by its idle deadline. It relies on the attributes
+uvicorn's protocol keeps (``parser``, ``pipeline``, ``flow``, ``headers``, ``url``, ``scope``) and on
+``transport.pause_reading``/``set_write_buffer_limits``/``get_write_buffer_size``/``abort`` (asyncio's public
+transport API, also uvloop's). ``tests/unit/test_server_callbacks.py`` compares it with stock uvicorn byte for byte.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import re
 import time
-import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httptools
-import uvicorn
-from uvicorn.protocols.http.flow_control import service_unavailable
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-# The uvicorn release whose parser callbacks the guarded protocol folds its guards into (`guarded_protocol`).
-_FOLDED_RELEASE = "0.55."
-
-# A request target that is its own path for ``httptools.parse_url`` (no query, no fragment, no authority):
-# ``/`` then RFC 3986 path characters (unreserved, sub-delims, ``:``, ``@``, ``/``, ``%``) only.
-_PLAIN_TARGET = re.compile(rb"/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*").fullmatch
+# The shortest request llhttp parses, in bytes: a three-letter method, a one-character target, ``HTTP/1.1``
+# and the two CRLFs (``GET / HTTP/1.1\r\n\r\n`` is 18; it refuses a bare LF and a missing version, and an
+# HTTP/1.0 request ends its connection). One less, for a margin: `k` bytes begin at most ``ceil(k / 16)``
+# requests, so a step of ``room * MIN_REQUEST_BYTES`` bytes cannot begin more than ``room``.
+MIN_REQUEST_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """Bounds of one listener. Seconds for the timeouts; counts for the connection bound."""
+    """Bounds of one listener (the module docstring says what each does). Seconds for the timeouts, bytes for
+    `max_unsent_bytes`, counts for the others. Raises ValueError for a bound that is not positive."""
 
     idle_timeout_s: float = 5.0
     header_timeout_s: float = 10.0
     max_connections: int = 512
+    max_pipelined_requests: int = 16
+    max_unsent_bytes: int = 256 * 1024
+    write_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for bound in fields(self):
+            if not getattr(self, bound.name) > 0:
+                raise ValueError(f"ConnectionLimits.{bound.name} must be positive, not {getattr(self, bound.name)!r}")
 
 
 def _response(status: int, reason: str, message: str) -> bytes:
@@ -82,18 +105,36 @@ _COALESCE_MAX = 256 * 1024  # bytes: a longer write is not joined to the held on
 
 
 class CoalescingTransport:
-    """The connection's transport as uvicorn's protocol sees it: a write is held until the next write or
-    the end of the current event-loop turn, so a response's head and body (two ``write`` calls in
-    uvicorn) leave in one ``send`` system call and one TCP segment instead of two. Order is kept; `close`
-    sends what is held first; `abort` drops it as it drops the transport's buffer; a held write is sent
-    when the loop next runs its ready callbacks. Everything else is the transport's own."""
+    """The connection's transport as uvicorn's protocol sees it.
 
-    __slots__ = ("_transport", "_loop", "_held")
+    - Writes: a write is held until the next write or the end of the current event-loop turn, so a response's
+      head and body (two ``write`` calls in uvicorn) leave in one ``send`` system call and one TCP segment
+      instead of two. Order is kept; `close` sends what is held first; `abort` drops it as it drops the
+      transport's buffer; a held write is sent when the loop next runs its ready callbacks.
+    - Reading: paused while uvicorn's flow control asks for it (`pause_reading`/`resume_reading`) *or* the
+      guarded protocol holds it (`hold_reading`), so uvicorn resuming reading (its ``receive`` does, for
+      every request) cannot undo a bound of the protocol.
+    - The write deadline (`write_timeout_s`, None = none): `start_write_deadline` aborts the connection that
+      many seconds later unless `stop_write_deadline` came first; `close` with output still unsent starts
+      it (a close waits for the buffer to drain, which a client that does not read never lets happen).
+      `stalled_since` is the loop time the running deadline started, or None.
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    Everything else is the transport's own."""
+
+    __slots__ = ("_transport", "_loop", "_held", "_flow_paused", "_guard_paused", "_paused", "_write_timeout",
+                 "_write_timer", "stalled_since")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 write_timeout_s: float | None = None) -> None:
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self._flow_paused = False  # uvicorn's flow control asked to pause reading
+        self._guard_paused = False  # the guarded protocol holds reading
+        self._paused = False  # reading is paused on the transport
+        self._write_timeout = write_timeout_s
+        self._write_timer: asyncio.TimerHandle | None = None
+        self.stalled_since: float | None = None
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -123,33 +164,66 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        transport = self._transport
+        closing = transport.is_closing()
+        transport.close()
+        if not closing and self._write_timeout is not None and transport.get_write_buffer_size() > 0:
+            self.start_write_deadline()
 
     def abort(self) -> None:
         self._held = None
+        self.stop_write_deadline()
         self._transport.abort()
+
+    # -- the write deadline -------------------------------------------------------------------------------
+    def start_write_deadline(self) -> None:
+        """Abort the connection `write_timeout_s` from now, unless a deadline already runs (it is kept: a
+        deadline is never extended) or there is no `write_timeout_s`."""
+        if self._write_timer is None and self._write_timeout is not None:
+            self.stalled_since = self._loop.time()
+            self._write_timer = self._loop.call_later(self._write_timeout, self._write_too_slow)
+
+    def stop_write_deadline(self) -> None:
+        timer = self._write_timer
+        if timer is not None:
+            timer.cancel()
+            self._write_timer = None
+            self.stalled_since = None
+
+    def _write_too_slow(self) -> None:
+        self._write_timer = None
+        self._held = None
+        self._transport.abort()
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def _apply(self) -> None:
+        paused = self._flow_paused or self._guard_paused
+        if paused != self._paused:
+            self._paused = paused
+            if paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    def pause_reading(self) -> None:
+        self._flow_paused = True
+        self._apply()
+
+    def resume_reading(self) -> None:
+        self._flow_paused = False
+        self._apply()
+
+    def hold_reading(self, hold: bool) -> None:
+        """Pause reading (`hold`) or stop holding it (reading resumes unless uvicorn's flow control pauses it)."""
+        self._guard_paused = hold
+        self._apply()
 
     # Called per request by uvicorn's protocol and cycle: defined here rather than found by `__getattr__`.
     def is_closing(self) -> bool:
         return self._transport.is_closing()
 
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-def target_parts(url: bytes) -> tuple[bytes, bytes]:
-    """(path, query) of a request target as uvicorn takes them from ``httptools.parse_url(url)`` (``path``,
-    ``query or b""``). Raises ``httptools.HttpParserInvalidURLError`` as `parse_url` does."""
-    if _PLAIN_TARGET(url) is not None:
-        return url, b""
-    parsed = httptools.parse_url(url)
-    return parsed.path, parsed.query or b""
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -158,6 +232,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _limits = limits
+        transport: CoalescingTransport  # type: ignore[assignment]  # set by `connection_made`
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -170,7 +245,15 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._timer: asyncio.TimerHandle | None = None
             self._timer_at = 0.0
             self._waiting_since = time.monotonic()
-            self._in_flight = False
+            self._in_headers = False  # a request's first byte has been parsed and its headers have not all come
+            self._in_body = False  # a request's headers have been parsed and its body has not all come
+            # The pipelining and output bounds.
+            self._outstanding = 0  # requests begun (first byte parsed) whose response has not completed
+            self._body_left = 0  # bytes of the current request's body (its content-length) not parsed yet
+            self._input: memoryview | None = None  # received bytes held back, unparsed, by the bounds
+            self._feed_soon = False  # a step of `_feed_held` is scheduled
+            self._headers_held = False  # a request's header deadline was lifted while its bytes were held
+            self._write_paused = False  # over `max_unsent_bytes` of unsent output
 
         # -- timers ------------------------------------------------------------------------------
         def _arm(self, seconds: float, handler: Any) -> None:
@@ -220,48 +303,79 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
         def _evictable(self) -> bool:
-            return not self._in_flight and not self.transport.is_closing()
+            """No request in flight (every request begun is answered, but one whose headers are arriving),
+            and not closing already."""
+            return self._outstanding == self._in_headers and not self.transport.is_closing()
 
         # -- connection --------------------------------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-            if len(self.connections) > self._limits.max_connections:
-                waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
-                           and c._evictable()]
-                if waiting:
-                    oldest = min(waiting, key=lambda c: c._waiting_since)
-                    oldest._stop_timer()
-                    oldest.transport.close()
+            limits = self._limits
+            transport.set_write_buffer_limits(high=limits.max_unsent_bytes)
+            super().connection_made(CoalescingTransport(transport, self.loop, limits.write_timeout_s))  # type: ignore[arg-type]
+            if len(self.connections) > limits.max_connections:
+                others = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)]
+                stalled = [c for c in others if c.transport.stalled_since is not None]
+                if stalled:  # a client that does not read its answers: aborted (a close would wait for it)
+                    victim = min(stalled, key=lambda c: c.transport.stalled_since or 0.0)
+                    victim._stop_timer()
+                    victim.transport.abort()
                 else:
-                    transport.write(OVERLOADED)
-                    transport.close()
-                    return
-            self._arm(self._limits.idle_timeout_s, self._close_idle)
+                    waiting = [c for c in others if c._evictable()]
+                    if waiting:
+                        oldest = min(waiting, key=lambda c: c._waiting_since)
+                        oldest._stop_timer()
+                        oldest.transport.close()
+                    else:
+                        transport.write(OVERLOADED)
+                        transport.close()
+                        return
+            self._arm(limits.idle_timeout_s, self._close_idle)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_timer()
+            self._input = None
             super().connection_lost(exc)
+            self.transport.stop_write_deadline()
 
-        # -- parser callbacks --------------------------------------------------------------------
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._waiting_since = time.monotonic()
-            self._arm(self._limits.header_timeout_s, self._headers_too_slow)
+        # -- reading, in bounded steps -----------------------------------------------------------------
+        def data_received(self, data: bytes) -> None:
+            if self._input is not None:  # bytes are held back: these queue behind them (reading is paused, but
+                # a transport may still hand over what it had already read)
+                self._input = memoryview(b"".join((self._input, data)))
+                return
+            self._feed(data)
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            self._in_flight = True
-            self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}  # type: ignore[typeddict-item]
-            super().on_headers_complete()
-
-        if uvicorn.__version__.startswith(_FOLDED_RELEASE):
-            # uvicorn 0.55's callbacks with the guards above folded in (no ``super()`` chain), and
-            # `target_parts` for ``httptools.parse_url``: the same scope, cycle, task and refusals.
-            def data_received(self, data: bytes) -> None:
-                # uvicorn's, without `_unset_keepalive_if_required`: its keep-alive timer is never armed here
-                # (`on_response_complete` arms ours instead), so there is none to cancel.
+        def _feed(self, data: bytes | memoryview) -> None:
+            """Parse `data` in steps, each unable to begin more requests than `max_pipelined_requests` leaves
+            room for; hold the rest back (and pause reading) once there is no room, or while writing is
+            paused. uvicorn's ``data_received`` otherwise: the same 400 on a parser error, the same upgrade."""
+            cap = self._limits.max_pipelined_requests
+            size = len(data)
+            start = 0
+            view: memoryview | None = None
+            while start < size:
+                room = cap - self._outstanding
+                if room <= 0:
+                    # At the bound, the request being parsed (if it is within the bound) is parsed to its end,
+                    # or its body's end: one step of one more request's room, so at most one more request
+                    # begins, and it cannot complete its headers within 16 bytes. So at most `cap` requests
+                    # have been parsed and wait for (or are getting) their answers, plus one whose head waits.
+                    room = 1 if room == 0 and (self._in_headers or self._in_body) else 0
+                if room == 0 or self._write_paused:
+                    if view is None:
+                        view = memoryview(data)
+                    self._hold(view[start:])
+                    return
+                stop = start + room * MIN_REQUEST_BYTES + self._body_left
+                if start == 0 and stop >= size:
+                    chunk: bytes | memoryview = data
+                else:
+                    if view is None:
+                        view = memoryview(data)
+                    chunk = view[start:stop]
+                start = stop
                 try:
-                    self.parser.feed_data(data)
+                    self.parser.feed_data(chunk)
                 except httptools.HttpParserError:
                     msg = "Invalid HTTP request received."
                     self.logger.warning(msg)
@@ -272,91 +386,95 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                         self.handle_websocket_upgrade()
                     else:
                         self._unsupported_upgrade_warning()
-
-            def on_message_begin(self) -> None:
-                self.url = b""
-                self.expect_100_continue = False
-                self.headers = []
-                self.scope = {  # type: ignore[typeddict-item]
-                    "type": "http",
-                    "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-                    "http_version": "1.1",
-                    "server": self.server,
-                    "client": self.client,
-                    "scheme": self.scheme,  # type: ignore[typeddict-item]
-                    "root_path": self.root_path,
-                    "headers": self.headers,
-                    "state": self.app_state.copy(),
-                }
-                self._waiting_since = time.monotonic()
-                self._arm(self._limits.header_timeout_s, self._headers_too_slow)
-
-            def on_headers_complete(self) -> None:
-                self._due = None  # `_disarm`
-                self._in_flight = True
-                scope = self.scope
-                url = self.url
-                scope["extensions"] = {"memwarden": {"target": url}}  # type: ignore[typeddict-unknown-key]
-                parser = self.parser
-                http_version = parser.get_http_version()
-                scope["method"] = parser.get_method().decode("ascii")
-                if http_version != "1.1":
-                    scope["http_version"] = http_version
-                if parser.should_upgrade() and self._should_upgrade():
                     return
-                raw_path, query = target_parts(url)
-                path = raw_path.decode("ascii")
-                if "%" in path:
-                    path = urllib.parse.unquote(path)
-                root_path = self.root_path
-                scope["path"] = root_path + path
-                scope["raw_path"] = root_path.encode("ascii") + raw_path
-                scope["query_string"] = query
 
-                limit = self.limit_concurrency
-                if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
-                    app = service_unavailable
-                    message = "Exceeded concurrency limit."
-                    self.logger.warning(message)
-                else:
-                    app = self.app
+        def _hold(self, rest: memoryview) -> None:
+            self._input = rest
+            if self._due is not None and self._on_due == self._headers_too_slow:
+                # The request being parsed waits for room, not for its client: its header deadline is lifted
+                # and set afresh when its bytes are parsed again.
+                self._disarm()
+                self._headers_held = True
+            self.transport.hold_reading(True)
 
-                existing_cycle = self.cycle
-                # uvicorn's keyword arguments, passed by position (no keyword dict per request): scope,
-                # transport, flow, logger, access_logger, access_log, default_headers, message_event,
-                # expect_100_continue, keep_alive, on_response
-                self.cycle = cycle = RequestResponseCycle(
-                    scope, self.transport, self.flow, self.logger, self.access_logger, self.access_log,
-                    self.server_state.default_headers, asyncio.Event(), self.expect_100_continue,
-                    http_version != "1.0" and parser.should_keep_alive(), self.on_response_complete,
-                )
-                if existing_cycle is None or existing_cycle.response_complete:
-                    # `_start_asgi_task`
-                    if self.config.reset_contextvars:
-                        task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
-                    else:
-                        task = self.loop.create_task(cycle.run_asgi(app))
-                    task.add_done_callback(self.tasks.discard)
-                    self.tasks.add(task)
-                else:
-                    self.flow.pause_reading()
-                    self.pipeline.appendleft((cycle, app))
+        def _release(self) -> None:
+            """Room was made (an answer completed, or the client took its output): parse the held bytes
+            (at the loop's next turn, outside the answer's ``send``), or resume reading if none are held."""
+            if self._input is not None:
+                if not self._feed_soon:
+                    self._feed_soon = True
+                    self.loop.call_soon(self._feed_held)
+            elif not self._write_paused:
+                self.transport.hold_reading(False)
+
+        def _feed_held(self) -> None:
+            self._feed_soon = False
+            held = self._input
+            if held is None or self.parser is None or self.transport.is_closing():
+                return
+            self._input = None
+            if self._headers_held:
+                self._headers_held = False
+                self._arm(self._limits.header_timeout_s, self._headers_too_slow)
+            self._feed(held)
+            if self._input is None and not self._write_paused and self.parser is not None:
+                self.transport.hold_reading(False)
+
+        # -- writing ---------------------------------------------------------------------------------
+        def pause_writing(self) -> None:
+            """Over `max_unsent_bytes` unsent: uvicorn's send waits (its flow control), reading and parsing
+            stop, and the write deadline starts."""
+            super().pause_writing()
+            self._write_paused = True
+            self.transport.start_write_deadline()
+            self.transport.hold_reading(True)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._write_paused = False
+            if not self.transport.is_closing():  # a close with output unsent keeps its deadline
+                self.transport.stop_write_deadline()
+            self._release()
+
+        # -- parser callbacks --------------------------------------------------------------------
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._outstanding += 1
+            self._in_headers = True
+            self._waiting_since = time.monotonic()
+            self._arm(self._limits.header_timeout_s, self._headers_too_slow)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._in_headers = False
+            self._in_body = True
+            self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}
+            super().on_headers_complete()
+            for name, value in self.headers:  # llhttp has checked it: one, digits only
+                if name == b"content-length":
+                    self._body_left = int(value) if value.isdigit() else 0
+                    break
+
+        def on_body(self, body: bytes) -> None:
+            self._body_left -= len(body)
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._body_left = 0
+            self._in_body = False
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
-            if self.pipeline:  # a pipelined request is waiting: uvicorn starts it, so one is in flight again:
-                # no idle deadline and not evictable until its response completes (its headers disarmed the
-                # header deadline when they arrived)
-                super().on_response_complete()
-                self._waiting_since = time.monotonic()
-                return
-            # uvicorn's own, without arming its keep-alive timer (ours, the same bound, replaces it)
-            self.server_state.total_requests += 1
-            self._in_flight = False
+            # uvicorn's: starts the next request queued behind this one, or arms its keep-alive timer, which
+            # the idle deadline below replaces (the same bound, one timer per connection)
+            super().on_response_complete()
+            self._unset_keepalive_if_required()
+            self._outstanding -= 1
             self._waiting_since = time.monotonic()
             if self.transport.is_closing():
                 return
-            self._unset_keepalive_if_required()
-            self.flow.resume_reading()
-            self._arm(self._limits.idle_timeout_s, self._close_idle)
+            if self._outstanding == 0:  # nothing begun is unanswered: idle until the next request's first byte
+                self._arm(self._limits.idle_timeout_s, self._close_idle)
+            self._release()
 
     return GuardedHttpToolsProtocol

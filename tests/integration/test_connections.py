@@ -175,3 +175,98 @@ def test_slow_clients_are_bounded_and_keyed_requests_are_served(bounded_sidecar:
     assert trickled and all(dt < 3 + 2.0 for _, dt in trickled)
     assert all(o in ("closed", "status:503", "status:408") for o, _ in (x for v in by_kind.values() for x in v)), log
     assert side.proc.poll() is None
+
+
+# -- slow read (issue 34, finding 1) --------------------------------------------------------------
+
+ATTACKERS = 45
+PIPELINED = 12_000
+HEARTBEAT = b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident set size of process `pid` (``VmRSS`` of /proc/<pid>/status), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+@pytest.fixture
+def plain_sidecar(tmp_path: Path, chroma_server: Server) -> Iterator[tuple[Server, str]]:
+    """A sidecar with the default connection bounds, its decision log in a small rotated file (the attack
+    below makes hundreds of thousands of 401 events)."""
+    ledger_path = tmp_path / "ledger.db"
+    led = SQLiteLedger(ledger_path)
+    key = led.create_key("agent", "slowread", "f1", "a1", 1)[1]
+    led.close()
+    side = start_sidecar(chroma_server.url, ledger_path, POLICIES,
+                         extra_env={"MEMWARDEN_METRICS_PORT": "0", "MEMWARDEN_RECONCILE_INTERVAL_S": "0",
+                                    "MEMWARDEN_POLICY_WATCH_INTERVAL_S": "0", "MEMWARDEN_DECISION_LOG_SINK": "file",
+                                    "MEMWARDEN_DECISION_LOG_PATH": str(tmp_path / "decisions.jsonl"),
+                                    "MEMWARDEN_DECISION_LOG_MAX_BYTES": str(4 * 1024 * 1024),
+                                    "MEMWARDEN_DECISION_LOG_BACKUPS": "1"})
+    yield side, key
+    side.stop()
+
+
+async def slow_read_attack(port: int, key: str, pid: int, keyed_requests: int = 11,
+                           gap_s: float = 0.5) -> tuple[list[tuple[int, float]], int, int]:
+    """`ATTACKERS` keyless connections each send `PIPELINED` heartbeats in one send and never read; meanwhile a
+    keyed ``GET /api/v2/auth/identity`` on a fresh connection every `gap_s`. Returns ([(status or -1 when
+    unanswered within 5 s, seconds)], resident bytes of `pid` before, peak resident bytes during)."""
+    loop = asyncio.get_running_loop()
+    before = rss_bytes(pid)
+    peak = before
+    sampling = True
+
+    async def sample() -> None:
+        nonlocal peak
+        while sampling:
+            peak = max(peak, rss_bytes(pid))
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.ensure_future(sample())
+    socks = []
+    for _ in range(ATTACKERS):
+        s = socket.socket()
+        s.setblocking(False)
+        await loop.sock_connect(s, ("127.0.0.1", port))
+        socks.append(s)
+    payload = HEARTBEAT * PIPELINED
+    sends = [asyncio.ensure_future(loop.sock_sendall(s, payload)) for s in socks]
+    results: list[tuple[int, float]] = []
+    try:
+        await asyncio.sleep(gap_s)
+        for _ in range(keyed_requests):
+            started = time.monotonic()
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+                try:
+                    writer.write(f"GET /api/v2/auth/identity HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n"
+                                 "Connection: close\r\n\r\n".encode())
+                    data = await asyncio.wait_for(reader.read(), 5 - (time.monotonic() - started))
+                finally:
+                    writer.close()
+                results.append((status_of(data), time.monotonic() - started))
+            except (OSError, asyncio.TimeoutError):
+                results.append((-1, time.monotonic() - started))
+            await asyncio.sleep(gap_s)
+    finally:
+        sampling = False
+        await sampler
+        for task in sends:
+            task.cancel()
+        for s in socks:
+            s.close()
+    return results, before, peak
+
+
+def test_slow_read_attack_does_not_starve_keyed_requests_or_grow_memory(plain_sidecar: tuple[Server, str]) -> None:
+    """Issue 34, finding 1: before, every keyed request timed out while the attack ran and the sidecar's
+    memory grew from 128 MiB to over 400 MiB (1.4 GiB in the report's run)."""
+    side, key = plain_sidecar
+    results, before, peak = asyncio.run(slow_read_attack(side.port, key, side.proc.pid))
+    assert side.proc.poll() is None
+    assert results and all(status == 200 for status, _ in results), results
+    assert peak - before < 150 * 1024 * 1024, (before >> 20, peak >> 20)

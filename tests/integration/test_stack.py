@@ -20,10 +20,18 @@ from sidecar.harness import free_port
 pytestmark = pytest.mark.integration
 
 
+def _default_sigint() -> None:
+    """In the child before it runs: SIGINT's default action. A shell starts a background job (``pytest ... &``,
+    ``nohup``) with SIGINT ignored, the child would inherit that across exec, and Python leaves an ignored
+    SIGINT ignored, so Ctrl-C's signal would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stack(workdir: Path, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWARDEN_")}
     return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "stack", "--workdir", str(workdir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_default_sigint)
 
 
 @pytest.fixture

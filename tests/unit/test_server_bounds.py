@@ -1,0 +1,246 @@
+"""The slow-read bounds of `sidecar.server.guarded_protocol` (issue 34, finding 1), on real loopback sockets
+against a small ASGI app, on the standard loop and on uvloop:
+
+- pipelining: 200 requests in one send while the first one's answer waits: at most
+  ``max_pipelined_requests`` of them are parsed and unanswered at any time, the connection stops reading,
+  and all 200 are answered in order once the first may finish;
+- the write deadline: a client that pipelines requests for large answers and never reads is aborted
+  ``write_timeout_s`` after its output stopped draining, having got no more than two answers produced; a
+  client that asks for one large answer with ``Connection: close`` and never reads is aborted the same way
+  (a close waits for the output to drain);
+- eviction: at ``max_connections``, the connection stalled longest on unsent output goes first, then the
+  next stalled one, and only then the idle one that waited longest.
+
+No timing is asserted: each wait is for a state of the server, bounded generously so a busy machine passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import fields
+from typing import Any, Callable
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from sidecar import server
+
+LOOPS = ["asyncio", "uvloop"]
+BIG = 8 * 1024 * 1024  # bytes: more than loopback's socket buffers take, so the rest stays in the transport
+
+
+def run(kind: str, coro: Any) -> Any:
+    if kind == "uvloop":
+        import uvloop
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def limits(**kw: Any) -> server.ConnectionLimits:
+    """`ConnectionLimits` with the bounds this release knows (so the tests run, and fail, on one without them)."""
+    known = {f.name for f in fields(server.ConnectionLimits)}
+    return server.ConnectionLimits(**{k: v for k, v in kw.items() if k in known})
+
+
+class Served:
+    """The app, the server and what the test observes: paths the app started, requests parsed and answered."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.gate = asyncio.Event()
+        self.parsed = 0
+        self.answered = 0
+        self.most_unanswered = 0
+        self.state = ServerState()
+        self.srv: asyncio.AbstractServer | None = None
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``/hold`` waits for `gate`; ``/big/N`` answers N bytes; anything else 2 bytes."""
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        path = scope["path"]
+        self.seen.append(path)
+        if path == "/hold":
+            await self.gate.wait()
+        body = b"x" * int(path[5:]) if path.startswith("/big/") else path.encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def start(self, bounds: server.ConnectionLimits) -> int:
+        observed = self
+
+        class Counting(server.guarded_protocol(bounds)):  # type: ignore[misc, valid-type]
+            def on_headers_complete(self) -> None:
+                observed.parsed += 1
+                observed.most_unanswered = max(observed.most_unanswered, observed.parsed - observed.answered)
+                super().on_headers_complete()
+
+            def on_response_complete(self) -> None:
+                observed.answered += 1
+                super().on_response_complete()
+
+        loop = asyncio.get_running_loop()
+        config = Config(self.app, http=Counting, log_level="critical", access_log=False, proxy_headers=False,
+                        server_header=False, lifespan="off", interface="asgi3")
+        config.load()
+        self.state.default_headers = []
+        self.srv = await loop.create_server(
+            lambda: Counting(config=config, server_state=self.state, app_state={}, _loop=loop), "127.0.0.1", 0)
+        return int(self.srv.sockets[0].getsockname()[1])
+
+    def connection_of(self, local_port: int) -> Any:
+        """The server's protocol of the client socket bound to `local_port`, or None once it is gone."""
+        for proto in list(self.state.connections):
+            if proto.transport.get_extra_info("peername")[1] == local_port:
+                return proto
+        return None
+
+    async def stop(self) -> None:
+        assert self.srv is not None
+        self.srv.close()
+        for proto in list(self.state.connections):
+            proto.transport.abort()
+        await self.srv.wait_closed()
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 20.0) -> bool:
+    """Whether `condition` came true within `limit_s` (polled every 10 ms)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def non_reader(port: int, data: bytes) -> socket.socket:
+    """A client socket with a small receive buffer that sends `data` and never reads; its local port is
+    ``getsockname()[1]``."""
+    loop = asyncio.get_running_loop()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.setblocking(False)
+    await loop.sock_connect(s, ("127.0.0.1", port))
+    await loop.sock_sendall(s, data)
+    return s
+
+
+def get(path: str, close: bool = False) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nhost: x\r\n{'connection: close' + chr(13) + chr(10) if close else ''}\r\n".encode()
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_pipelining_is_bounded_and_reading_stops(kind: str) -> None:
+    async def main() -> None:
+        served = Served()
+        port = await served.start(limits())  # the default bound: 16
+        cap = getattr(server.ConnectionLimits(), "max_pipelined_requests", 16)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(get("/hold") + b"".join(get(f"/n{i}") for i in range(199)))
+            assert await until(lambda: served.seen == ["/hold"])
+            local = writer.get_extra_info("sockname")[1]
+            proto = served.connection_of(local)
+            await until(lambda: not proto.transport.is_reading(), 2.0)  # (uvicorn alone keeps reading: checked below)
+            assert served.parsed - served.answered <= cap, (served.parsed, served.answered)
+            assert not proto.transport.is_reading()
+            served.gate.set()
+            received = b""
+            while received.count(b"HTTP/1.1 200 OK\r\n") < 200:
+                chunk = await asyncio.wait_for(reader.read(65536), 20)
+                assert chunk, received[-200:]
+                received += chunk
+            assert served.seen == ["/hold"] + [f"/n{i}" for i in range(199)]
+            assert received.endswith(b"\r\n\r\n/n198")
+            assert served.most_unanswered <= cap
+            assert proto.transport.is_reading()  # all answered: reading again
+        finally:
+            writer.close()
+            await served.stop()
+
+    run(kind, main())
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_a_client_that_does_not_read_is_aborted_after_the_write_deadline(kind: str) -> None:
+    async def main() -> None:
+        served = Served()
+        port = await served.start(limits(idle_timeout_s=60, header_timeout_s=60, max_unsent_bytes=64 * 1024,
+                                         write_timeout_s=0.5))
+        s = await non_reader(port, b"".join(get(f"/big/{BIG}") for _ in range(20)))
+        try:
+            local = s.getsockname()[1]
+            assert await until(lambda: served.seen != [])
+            assert await until(lambda: served.connection_of(local) is None), "the non-reading client is still connected"
+            # answers stop with the first that does not drain: the next one waits to be written
+            assert 1 <= len(served.seen) <= 2, served.seen
+        finally:
+            s.close()
+            await served.stop()
+
+    run(kind, main())
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_a_closing_connection_whose_output_does_not_drain_is_aborted(kind: str) -> None:
+    async def main() -> None:
+        served = Served()
+        port = await served.start(limits(idle_timeout_s=60, header_timeout_s=60, write_timeout_s=0.5))
+        s = await non_reader(port, get(f"/big/{BIG}", close=True))
+        try:
+            local = s.getsockname()[1]
+            assert await until(lambda: served.answered == 1)
+            proto = served.connection_of(local)
+            assert proto is None or proto.transport.is_closing()  # answered with connection: close
+            assert await until(lambda: served.connection_of(local) is None), "the closing connection is still open"
+        finally:
+            s.close()
+            await served.stop()
+
+    run(kind, main())
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_eviction_takes_the_longest_stalled_connection_first(kind: str) -> None:
+    async def main() -> None:
+        served = Served()
+        port = await served.start(limits(idle_timeout_s=60, header_timeout_s=60, max_connections=3,
+                                         max_unsent_bytes=64 * 1024, write_timeout_s=60))
+        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)  # the oldest connection: idle
+        stalled: list[socket.socket] = []
+        others: list[asyncio.StreamWriter] = [idle_w]
+        try:
+            for _ in range(2):  # two connections whose answers are not read: B, then C
+                s = await non_reader(port, get(f"/big/{BIG}"))
+                stalled.append(s)
+                local = s.getsockname()[1]
+                assert await until(lambda: served.connection_of(local) is not None and
+                                   served.connection_of(local).transport.get_write_buffer_size() > 64 * 1024)
+                await asyncio.sleep(0.05)
+            idle_port = idle_w.get_extra_info("sockname")[1]
+            b_port, c_port = (s.getsockname()[1] for s in stalled)
+
+            async def connect() -> None:
+                others.append((await asyncio.open_connection("127.0.0.1", port))[1])
+
+            await connect()  # over the bound: B, stalled longest, goes (not the idle connection, older)
+            assert await until(lambda: served.connection_of(b_port) is None), "B is still connected"
+            assert served.connection_of(idle_port) is not None and served.connection_of(c_port) is not None
+            await connect()  # then C
+            assert await until(lambda: served.connection_of(c_port) is None), "C is still connected"
+            assert served.connection_of(idle_port) is not None
+            await connect()  # no stalled connection left: the idle one that waited longest
+            assert await asyncio.wait_for(idle_r.read(), 20) == b""
+        finally:
+            for s in stalled:
+                s.close()
+            for w in others:
+                w.close()
+            await served.stop()
+
+    run(kind, main())
