@@ -380,8 +380,8 @@ def test_exit_3_on_unmodelled_construct(tmp_path: Path) -> None:
 
 def test_exit_4_when_model_and_cedar_disagree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Inject a translator bug: `like` matches exactly the strings the pattern rejects.
-    real = translate._pattern
-    monkeypatch.setattr(translate, "_pattern", lambda elems, codec: translate.z3.Complement(real(elems, codec)))
+    real = translate.like
+    monkeypatch.setattr(translate, "like", lambda s, elems, codec: translate.z3.Not(real(s, elems, codec)))
     code, rep = check_fixture("like-other-tenants", tmp_path)
     assert code == 4
     bad = [r for r in rep["results"] if r["status"] == "DISAGREE"]
