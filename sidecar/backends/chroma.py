@@ -15,7 +15,8 @@ Governance on top of Chroma:
   ``n_results``; get applies ``offset``/``limit`` over readable rows; count counts readable rows.
 - Deletes are per row (Cedar ``delete``), tombstoned durably before Chroma is called.
 - Deployment-wide routes are decided as deployment actions on ``Deployment::"chroma"`` (operator keys
-  only by the default policies): ``/reset`` (``reset``: every row tombstoned first, then Chroma's reset),
+  only by the default policies): ``/reset`` (``reset``: Chroma's reset, then, once it succeeded, every row
+  tombstoned and every collection unregistered),
   and for an operator key tenant and database management of any tenant (``manage_tenants``) and the
   server's heartbeat/version (``configure``). An operator key has no tenant and no data route.
 - fork, search, functions and any other route are not forwarded.
@@ -38,6 +39,7 @@ from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
 from sidecar.planner import QueryPlanner
+from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
@@ -406,15 +408,20 @@ class ChromaProfile:
         return 200, {"user_id": p.uid[1], "tenant": p.tenant, "databases": ["*"]}
 
     async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        """Chroma's reset wipes every tenant: a deployment action (operators only by default). Every
-        governed row is tombstoned and every collection unregistered first (durable), then Chroma's own
-        reset is called; if Chroma refuses (its ``ALLOW_RESET`` is off) the answer is its error and the
-        rows stay tombstoned — never served again — with their backend deletes pending."""
+        """Chroma's reset wipes every tenant: a deployment action (operators only by default). Chroma's own reset is
+        called first; only once it answered 2xx is every governed row tombstoned (its backend delete confirmed) and
+        every collection unregistered. When Chroma refuses (its ``allow_reset`` is off: 403) or fails, the answer is
+        its error and the ledger is unchanged: every row stays served and every collection registered. A sidecar
+        that stops between Chroma's reset and the ledger's leaves registered collections Chroma no longer holds
+        (reads of them fail, nothing is served): the operator resets again."""
         self.authz.require_deployment(ex, "reset", DEPLOYMENT)
-        n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
-        ex.rows_allowed = n
         result = await self.upstream.call("POST", ex.segments)
-        self.ledger.reset_done(BACKEND, None)
+
+        def wipe() -> int:
+            n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
+            self.ledger.reset_done(BACKEND, None)
+            return n
+        ex.rows_allowed = await offloop.call(self.ledger, wipe)
         return 200, result
 
     async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -688,6 +695,7 @@ class ChromaProfile:
         allowed_keys = {"ids", "embeddings", "metadatas", "documents", "uris"}
         if set(body) - allowed_keys:
             raise BadRequest(f"unknown fields: {sorted(set(body) - allowed_keys)}")
+        self._check_row_sizes(body, ids, metas)
         if p.kind != "agent" and op != "update":
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
         # Governed keys a client can only echo back (what a read showed it, e.g. a client that round-trips a
@@ -842,6 +850,15 @@ class ChromaProfile:
             await offloop.call(self.ledger, self.ledger.update_governance, changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
+
+    def _check_row_sizes(self, body: dict[str, Any], ids: list[str], metas: list[Any] | None) -> None:
+        """413 (`check_row_size`, nothing decided or written) when a row of the write — its document, uri and
+        metadata (`sidecar.rowsize.row_bytes`) — is over ``MAX_ROW_BYTES``."""
+        limit = self.settings.max_row_bytes
+        documents, uris = body.get("documents"), body.get("uris")
+        for i, row_id in enumerate(ids):
+            size = row_bytes(documents[i] if documents else None, uris[i] if uris else None, metas[i] if metas else None)
+            check_row_size(f"row {row_id[:64]!r}", size, limit)
 
     async def _stored_documents(self, rec: CollectionRecord, ids: list[str], known: dict[str, Row],
                                 documents: list[Any], texts: list[str | None]) -> None:

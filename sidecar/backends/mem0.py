@@ -32,7 +32,7 @@ Routes: every Mem0 route is mapped; ``/auth/*``, ``/api-keys``, ``/entities``, `
 (403); anything else is unmapped (404) and never forwarded. Deployment-wide routes are deployment actions
 on ``Deployment::"mem0:<deployment>"`` (operator keys only by the default policies): ``GET|POST /configure``
 and ``GET /configure/providers`` for an operator (``configure``), and ``POST /reset`` by an operator
-(``reset``: every memory tombstoned first, then Mem0's own reset). A tenant admin's ``POST /reset``
+(``reset``: Mem0's own reset, then, once it succeeded, every memory tombstoned). A tenant admin's ``POST /reset``
 deletes only its tenant's memories, per id (``admin``); Mem0's reset is never called for it.
 """
 
@@ -53,6 +53,7 @@ from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden,
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
 from sidecar.ledger import Ledger, offloop
+from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.stages.authorize import Authorizer, well_formed_rows
@@ -346,6 +347,9 @@ class Mem0Profile:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
         if body.get("memory_type") is not None:
             raise BadRequest("memory_type (procedural memory) is not available through memwarden")
+        # Each message may become a memory (infer=false: each non-system one) carrying the add's metadata.
+        for n, m in enumerate(messages):
+            check_row_size(f"message {n}", row_bytes(m.get("content"), body.get("metadata")), self.settings.max_row_bytes)
         infer = body.get("infer")
         if infer is not None and not isinstance(infer, bool):
             raise BadRequest("infer must be a boolean")
@@ -541,6 +545,7 @@ class Mem0Profile:
             raise BadRequest("At least one of text, metadata, or expiration_date must be provided.")
         if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
             raise BadRequest("text must be a string")
+        check_row_size("the memory", row_bytes(body.get("text"), body.get("metadata")), self.settings.max_row_bytes)
         # Governed keys a read showed may come back unchanged (`sidecar.core.echo`), checked once the row is readable.
         kept, claimed = set_aside(body.get("metadata"))
         plain, requested = self._requested(p, kept)
@@ -962,14 +967,20 @@ class Mem0Profile:
         return 200, {"message": "All relevant memories deleted", "deleted": n}
 
     async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        # Mem0's /reset drops every tenant's memories: only an operator's reset (a deployment action) calls
-        # it, after every memory of the deployment is tombstoned. A tenant admin resets its tenant, per id.
+        # Mem0's /reset drops every tenant's memories: only an operator's reset (a deployment action) calls it;
+        # once Mem0 answered 2xx every memory of the deployment is tombstoned (its backend delete confirmed). A
+        # refused or failed reset changes nothing in the ledger. A tenant admin resets its tenant, per id (deletes:
+        # tombstoned first, as every delete).
         p = self._p(ex)
         if p.kind == "operator":
             self.authz.require_deployment(ex, "reset", self.deployment)
-            ex.rows_allowed = await offloop.call(self.ledger, self.ledger.reset, BACKEND, self.coll, p.uid[1], ex.request_id)
             await self._call("POST", ["reset"])
-            await offloop.call(self.ledger, self.ledger.reset_done, BACKEND, self.coll)
+
+            def wipe() -> int:
+                n = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
+                self.ledger.reset_done(BACKEND, self.coll)
+                return n
+            ex.rows_allowed = await offloop.call(self.ledger, wipe)
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True)

@@ -659,11 +659,11 @@ class SQLiteLedger:
             return _closure_tombstone(db, "?", backend, collection_id, row_ids, by, request_id, closure, t, also or [])
 
     def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
-        """An operator's reset of the deployment, durable before the backend's own reset is called: every
-        row of `backend` (or of one ledger collection, e.g. a Mem0 deployment) is tombstoned, pending
-        rows included (they never activate), and with `collection_id` None every collection is marked
-        deleted. Content is not remembered as forgotten (a reset is not a tenant deleting memory).
-        Returns the number of rows tombstoned; `reset_done` confirms the backend reset."""
+        """An operator's reset of the deployment, recorded once the backend's own reset succeeded (a reset the
+        backend refuses changes nothing here): every row of `backend` (or of one ledger collection, e.g. a Mem0
+        deployment) is tombstoned, pending rows included (they never activate), and with `collection_id` None
+        every collection is marked deleted. Content is not remembered as forgotten (a reset is not a tenant
+        deleting memory). Returns the number of rows tombstoned; `reset_done` confirms their backend deletes."""
         with self._tx() as db:
             return _reset(db, "?", backend, collection_id, by, request_id, now_us())
 

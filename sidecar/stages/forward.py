@@ -23,7 +23,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from sidecar.errors import BackendClientError, BackendServerError, UpstreamError, UpstreamTimeout
+from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendServerError, UpstreamError, UpstreamTimeout
 from sidecar.stages.http1 import IDEMPOTENT_METHODS, Http1Transport, ResponseTooLarge
 
 IDEMPOTENT = {"memwarden.idempotent": True}
@@ -118,6 +118,7 @@ class Upstream:
                  transport: httpx.AsyncBaseTransport | None = None,
                  max_response_bytes: int = 64 * 1024 * 1024) -> None:
         headers = {"content-type": "application/json", "accept": "application/json"}
+        self.max_response_bytes = max_response_bytes
         if token:
             headers[auth_header or "Authorization"] = f"Bearer {token}" if (auth_header or "Authorization").lower() == "authorization" else token
         # httpx's request and response types and its transport interface, without its Client layer (URL
@@ -175,7 +176,8 @@ class Upstream:
         `exact`: a list to which, once the answer is decoded, whether orjson decoded it is appended
         (`decode_exact`; nothing is appended when the call raises or the body is empty).
 
-        Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `UpstreamError` or
+        Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `BackendAnswerTooLarge` (an answer body
+        over `max_response_bytes`), `UpstreamError` or
         `BackendClientError` (status and the backend's error text).
         """
         path = self._prefix + "/" + quoted_path(segments)
@@ -208,7 +210,7 @@ class Upstream:
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("backend timed out") from exc
         except ResponseTooLarge as exc:
-            raise UpstreamError(f"backend answer too large: {exc}") from exc
+            raise BackendAnswerTooLarge(self.max_response_bytes) from exc
         except httpx.HTTPError as exc:
             raise UpstreamError("backend unreachable") from exc
         finally:
