@@ -34,7 +34,7 @@ from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
-from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
@@ -42,7 +42,7 @@ from sidecar.planner import QueryPlanner
 from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
-from sidecar.stages.authorize import Authorizer, well_formed_rows
+from sidecar.stages.authorize import CHANGING_ROW, DELETED_ROW, Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size, nests_within, well_formed
 from sidecar.stages.forward import Upstream
 
@@ -212,6 +212,35 @@ def _unstamped(rows: list[dict[str, Any]], included: Any) -> Any:
     for r in rows:
         r.pop("metadatas", None)
     return [k for k in included if k != "metadatas"] if type(included) is list else included
+
+
+# Columns of a row's content (Chroma's include names): fetched only for rows that will be served (`content_include`).
+CONTENT_COLUMNS = frozenset({"documents", "embeddings", "uris", "data"})
+INCLUDE_NAMES = CONTENT_COLUMNS | {"metadatas", "distances"}
+DEFAULT_GET_INCLUDE = ("metadatas", "documents")  # Chroma's get without include (API v2)
+
+
+def content_include(send: Any, default: tuple[str, ...]) -> tuple[Any, list[str] | None]:
+    """The two phases of a read whose include (`send`, as `stamped_include` makes it; None: Chroma's `default`)
+    names content (`CONTENT_COLUMNS`): (include of the first fetch — the rows' ids with their governance stamp,
+    ``metadatas``, and ``distances`` when asked —, include of the second — a ``get`` by the ids of the rows that
+    will be served: their content with their stamp again). (`send`, None) — one phase — when it names no content
+    or is not a list of include names Chroma knows (then Chroma refuses it, 400, as it would unsplit)."""
+    include = list(default) if send is None else send
+    if type(include) is not list or not all(type(c) is str and c in INCLUDE_NAMES for c in include) \
+            or not any(c in CONTENT_COLUMNS for c in include):
+        return send, None
+    first = [c for c in include if c not in CONTENT_COLUMNS]
+    second = [c for c in include if c != "distances"]
+    for phase in (first, second):
+        if "metadatas" not in phase:
+            phase.append("metadatas")
+    return first, second
+
+
+def _governed(meta: Any) -> dict[str, Any]:
+    """The governed keys (``mw_*``, the stamp) of a row's metadata as Chroma answered it."""
+    return {k: v for k, v in meta.items() if k.startswith("mw_")} if type(meta) is dict else {}
 
 
 def _obj(body: Any) -> dict[str, Any]:
@@ -1028,20 +1057,28 @@ class ChromaProfile:
         most a page of them) may be read while Chroma answers the first page. When the answer depends on content
         (`include` asks for some, or `filtered`: the client filtered by it), each row's stamp is fetched with it
         (`stamped_include`) and `keep` gets them (`_keep`); a row read early whose stamp disagrees is read again
-        first (`_reread_changing`).
+        first (`_reread_changing`). When `include` names content (documents, embeddings, uris), the pages hold ids
+        and stamps only and the content of the rows kept is fetched after (`content_include`, `_with_content`):
+        a row the caller may not read never has its content fetched.
         """
         if limit == 0:
             return [], None
         send, checked, added = stamped_include(include, filtered)
+        first, content = content_include(send, DEFAULT_GET_INCLUDE)
         rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
-                                               include=send, checked=checked, offset=offset, limit=limit, keep=keep,
-                                               early=early)
+                                               include=first, content=content, checked=checked, offset=offset,
+                                               limit=limit, keep=keep, early=early)
+        if content is not None and included is not None:  # what Chroma names for the whole include, unsplit
+            included = list(dict.fromkeys([*content, *first]))
         return rows, _unstamped(rows, included) if added else included
 
     async def _scan_rows(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                          where_document: Any, include: Any, checked: bool, offset: int, limit: int | None,
-                         keep: Any, early: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
-        """`_scan` with the include to send; `checked`: rows are kept by their stamps too."""
+                         keep: Any, early: bool, content: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` with the include to send; `checked`: rows are kept by their stamps too; `content`: the include
+        of the second phase (`content_include`), fetched for the kept rows only. A page Chroma answers over
+        ``BACKEND_MAX_RESPONSE_BYTES`` is asked again at half the size, down to one row (`BackendAnswerTooLarge`
+        then)."""
         page = self.settings.page_rows
         kept: list[dict[str, Any]] = []
         skipped = 0
@@ -1057,8 +1094,14 @@ class ChromaProfile:
                 if include is not None:
                     req["include"] = include
                 exact: list[bool] = []
-                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True,
-                                                exact=exact)
+                try:
+                    resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req,
+                                                    idempotent=True, exact=exact)
+                except BackendAnswerTooLarge:
+                    if page <= 1:
+                        raise
+                    page //= 2  # rows with large metadata: the same offset again, in smaller pages
+                    continue
                 if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                     raise UpstreamError("unexpected backend answer")
                 included = resp.get("included", included)
@@ -1084,13 +1127,19 @@ class ChromaProfile:
                         allowed = keep(batch_ids, stamps) if checked else keep(batch_ids)
                     finally:
                         self.authz.release(ex, BACKEND, rec.collection_id)
-                for row in batch:
-                    if row["ids"] not in allowed:
-                        continue
-                    if skipped < offset:
-                        skipped += 1
-                        continue
-                    kept.append(row)
+                served = [row for row in batch if row["ids"] in allowed]
+                if skipped < offset:
+                    n = min(offset - skipped, len(served))
+                    skipped += n
+                    served = served[n:]
+                while served:
+                    room = len(served) if limit is None else limit - len(kept)
+                    chunk, served = served[:room], served[room:]
+                    if content is not None:
+                        withheld, named = await self._with_content(ex, rec, chunk, content, where, where_document)
+                        chunk = [r for r in chunk if r["ids"] not in withheld]
+                        included = [] if named and included is None else included
+                    kept += chunk
                     if limit is not None and len(kept) >= limit:
                         return kept, included
                 if fetched < page:
@@ -1101,6 +1150,66 @@ class ChromaProfile:
             if early is not None:  # the read failed (or ended) before deciding: nothing of the early read is used
                 await self.authz.abandon(early)
                 self.authz.release(ex, BACKEND, rec.collection_id)
+
+    async def _with_content(self, ex: Exchange, rec: CollectionRecord, rows: list[dict[str, Any]], include: list[str],
+                            where: Any, where_document: Any) -> tuple[set[str], bool]:
+        """The second phase of a read (`content_include`): the content columns of `include` for `rows` — decided
+        readable on the first phase's ids and stamps — in one Chroma ``get`` by their ids (under the read's own
+        `where` and `where_document`, so a row whose content stopped matching meanwhile is not served), put into
+        each row in place with the stamp it came back with. A row whose stamp changed since the first phase (an
+        update landed in between) is decided again on the ledger row now (`stamped_as`, ``changing_row``); a row
+        Chroma no longer holds or that is withheld on that second decision is not served. Several rows of `rows`
+        may share an id (a query's lists). Returns (ids withheld, whether Chroma's answer named its ``included``
+        columns). An answer over
+        ``BACKEND_MAX_RESPONSE_BYTES`` is asked again for each half of the ids; over it for one row (rows the caller
+        may read), `BackendAnswerTooLarge`."""
+        ids = list(dict.fromkeys(r["ids"] for r in rows))
+        got: dict[str, dict[str, Any]] = {}
+        named = False
+        pending = [ids]
+        while pending:
+            part = pending.pop()
+            exact: list[bool] = []
+            try:
+                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), idempotent=True, exact=exact,
+                                                json_body={"ids": part, "where": where, "where_document": where_document,
+                                                           "include": include})
+            except BackendAnswerTooLarge:
+                if len(part) <= 1:
+                    raise
+                pending += [part[len(part) // 2:], part[:len(part) // 2]]
+                continue
+            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+                raise UpstreamError("unexpected backend answer")
+            named = named or type(resp.get("included")) is list
+            for r in self._rows(ex, resp, len(resp["ids"]), exact == [True]):
+                got[r["ids"]] = r
+        changed = list(dict.fromkeys(r["ids"] for r in rows if r["ids"] in got and _governed(
+            got[r["ids"]].get("metadatas")) != _governed(r.get("metadatas"))))
+        again: set[str] = set()
+        if changed:
+            include_superseded, as_of = history_view(ex.query)
+            await self.authz.prefetch(ex, BACKEND, rec.collection_id, changed)  # off the loop (PostgreSQL)
+            try:
+                again = self.authz.readable(ex, BACKEND, rec.collection_id, changed, include_superseded, as_of,
+                                            count=False, stamps={i: got[i].get("metadatas") for i in changed})
+            finally:
+                self.authz.release(ex, BACKEND, rec.collection_id)
+        missing = {i for i in ids if i not in got}
+        withheld = missing | {i for i in changed if i not in again}
+        for r in rows:
+            c = got.get(r["ids"])
+            if c is not None and r["ids"] not in withheld:
+                r.update((k, c[k]) for k in include if k in c)
+        if withheld:
+            reasons = ex.row_deny_reasons
+            for reason, n in ((DELETED_ROW, len(missing)), (CHANGING_ROW, len(withheld) - len(missing))):
+                if n:
+                    reasons[reason] = reasons.get(reason, 0) + n
+                    ex.reason = reason
+            ex.rows_allowed -= len(withheld)
+            ex.rows_hidden_deleted += len(withheld)
+        return withheld, named
 
     @staticmethod
     def _rows_to_columns(rows: list[dict[str, Any]], template: list[str], included: Any) -> dict[str, Any]:
@@ -1195,6 +1304,8 @@ class ChromaProfile:
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
         send, checked, added = stamped_include(body.get("include"), filtered=True)  # ranked by content
+        # Ranked on ids, distances and stamps; the content of the rows served is fetched after (`_with_content`).
+        first, content = content_include(send, DEFAULT_QUERY_INCLUDE)
         stamps: dict[str, Any] | None = None  # of the fetch being decided
 
         def keep(batch: list[str]) -> set[str]:
@@ -1206,12 +1317,19 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": sent[0], "ids": sent[1]}
-            if added:
-                req["include"] = send
+            if added or content is not None:
+                req["include"] = first
             exact: list[bool] = []
             try:
                 resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req,
                                                 idempotent=True, exact=exact)
+            except BackendAnswerTooLarge:
+                if not unfiltered:
+                    raise
+                # The unfiltered over-fetch held rows with large metadata: the same fetch under the pushdown.
+                unfiltered = False
+                sent = await self._pushdown(ex, rec, client_where, ids, where, mode)
+                continue
             except BackendServerError:
                 if not sent[2]:
                     raise
@@ -1249,6 +1367,14 @@ class ChromaProfile:
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
+        if content is not None:
+            served = [r for rows in final.values() for r in rows]
+            withheld, named = await self._with_content(ex, rec, served, content, client_where,
+                                                       body.get("where_document")) if served else (set(), False)
+            if withheld:
+                final = {i: [r for r in rows if r["ids"] not in withheld] for i, rows in final.items()}
+            if included is not None or named:  # what Chroma names for the whole include, unsplit
+                included = list(dict.fromkeys([*content, *first]))
         for rows in final.values():
             if added:
                 included = _unstamped(rows, included)
