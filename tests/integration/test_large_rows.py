@@ -10,7 +10,6 @@ the row limit, are 4.5 MB together. Every read below answered 502 before the fix
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -146,12 +145,11 @@ def test_mem0_the_admins_list_and_search_are_not_broken_by_large_rows(mem0_cappe
 
 
 def test_a_capped_answer_of_readable_rows_names_the_limit(mem0_capped: Mem0Stack,
-                                                          mem0_world: tuple[World, dict[str, str], list[str]],
-                                                          tmp_path: Path) -> None:
+                                                          mem0_world: tuple[World, dict[str, str], list[str]]) -> None:
     """Rows the caller may read can still be more than one answer holds: then the answer is 502 naming the
     setting, and only then."""
-    stack, (w, _, large) = mem0_capped, mem0_world
-    with stack.http(w.admin) as h:
+    stack, (w, _, _) = mem0_capped, mem0_world
+    with stack.http(w.admin) as h:  # four of the large memories are the four nearest: over the cap in any answer
         r = h.post("/search", json={"query": "zebra", "top_k": 4, "threshold": 0.0})
     assert r.status_code == 502, r.text[:300]
     assert r.json()["error"] == "bad_gateway" and "MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES" in r.json()["message"]
