@@ -54,9 +54,9 @@ from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadReques
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
 from sidecar.ledger import Ledger, offloop
-from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
+from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
