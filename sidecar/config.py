@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(default=32, ge=2, le=1000, description="nesting depth of a JSON body at most (400 above)")
     max_filter_clauses: int = Field(default=256, ge=1, description="operators and conditions in one where/filters at most (400 above)")
     max_ids: int = Field(default=10_000, ge=1, description="ids named in one request at most (413 above)")
+    max_row_bytes: int = Field(
+        default=1024 * 1024, gt=0,
+        description="one row of a write at most, bytes (413 above, nothing written): Chroma add/upsert/update, a row's "
+        "document, uri and metadata (compact JSON); Mem0 add, each message's content with the metadata, and update, "
+        "the text with the metadata (sidecar/rowsize.py); below backend_max_response_bytes")
     # -- connections (sidecar/server.py) ---------------------------------------------------------
     idle_timeout_s: float = Field(default=5.0, gt=0, description="a connection sending nothing for this long between requests is closed, seconds")
     header_timeout_s: float = Field(default=10.0, gt=0, description="request line and headers must arrive within this time, seconds (408)")
@@ -260,6 +265,15 @@ class Settings(BaseSettings):
             raise ValueError(f"MEMWARDEN_BACKEND_CLIENT_CERT={self.backend_client_cert}"
                              + (f", MEMWARDEN_BACKEND_CLIENT_KEY={self.backend_client_key}" if self.backend_client_key else "")
                              + f": not a PEM certificate and its key ({getattr(exc, 'reason', None) or exc})") from None
+        return self
+
+    @model_validator(mode="after")
+    def _row_fits_an_answer(self) -> "Settings":
+        """A row must fit in one backend answer, or a read of it alone could never be served."""
+        if self.max_row_bytes >= self.backend_max_response_bytes:
+            raise ValueError(f"MEMWARDEN_MAX_ROW_BYTES ({self.max_row_bytes}) must be below "
+                             f"MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES ({self.backend_max_response_bytes}): a row must fit "
+                             "in one backend answer")
         return self
 
     @model_validator(mode="after")

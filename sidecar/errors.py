@@ -18,7 +18,9 @@ raise site may name a more precise reason — Cedar's deny reason, ``unknown_row
     │                                   configured limit
     ├── UpstreamError              502  backend down, 5xx, or a body that is   error  backend_error
     │   │                               not the expected JSON
-    │   └── BackendServerError     502  the backend's own 5xx answer            error  backend_error
+    │   ├── BackendServerError     502  the backend's own 5xx answer            error  backend_error
+    │   └── BackendAnswerTooLarge  502  one backend answer over                 error  backend_answer_too_large
+    │                                   BACKEND_MAX_RESPONSE_BYTES (rows the caller may read)
     ├── Overloaded                 503  more requests in flight than the       error  overloaded
     │                                   sidecar takes at once
     ├── LedgerUnavailable          503  PostgreSQL ledger unreachable, or no   error  ledger_unavailable
@@ -92,6 +94,19 @@ class BackendServerError(UpstreamError):
     def __init__(self, backend_status: int) -> None:
         super().__init__(f"backend answered {backend_status}")
         self.backend_status = backend_status
+
+
+class BackendAnswerTooLarge(UpstreamError):
+    """One backend answer was over ``BACKEND_MAX_RESPONSE_BYTES`` (`Upstream.call`; nothing of it is read further).
+    Backend profiles fetch content only for rows the caller may read, so what raises this to a client is rows it may
+    read (docs/design.md, "Row size"); `cap` is the setting's value, bytes."""
+
+    reason = "backend_answer_too_large"
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"backend answer too large: over the limit of {cap} bytes per backend answer "
+                         "(MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES); ask for fewer rows (limit, n_results, top_k)")
+        self.cap = cap
 
 
 class Overloaded(MemwardenError):

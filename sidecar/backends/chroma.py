@@ -15,7 +15,8 @@ Governance on top of Chroma:
   ``n_results``; get applies ``offset``/``limit`` over readable rows; count counts readable rows.
 - Deletes are per row (Cedar ``delete``), tombstoned durably before Chroma is called.
 - Deployment-wide routes are decided as deployment actions on ``Deployment::"chroma"`` (operator keys
-  only by the default policies): ``/reset`` (``reset``: every row tombstoned first, then Chroma's reset),
+  only by the default policies): ``/reset`` (``reset``: Chroma's reset, then, once it succeeded, every row
+  tombstoned and every collection unregistered),
   and for an operator key tenant and database management of any tenant (``manage_tenants``) and the
   server's heartbeat/version (``configure``). An operator key has no tenant and no data route.
 - fork, search, functions and any other route are not forwarded.
@@ -33,14 +34,15 @@ from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
-from sidecar.errors import BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
+from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
 from sidecar.planner import QueryPlanner
+from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
-from sidecar.stages.authorize import Authorizer, well_formed_rows
+from sidecar.stages.authorize import CHANGING_ROW, DELETED_ROW, Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size, nests_within, well_formed
 from sidecar.stages.forward import Upstream
 
@@ -210,6 +212,35 @@ def _unstamped(rows: list[dict[str, Any]], included: Any) -> Any:
     for r in rows:
         r.pop("metadatas", None)
     return [k for k in included if k != "metadatas"] if type(included) is list else included
+
+
+# Columns of a row's content (Chroma's include names): fetched only for rows that will be served (`content_include`).
+CONTENT_COLUMNS = frozenset({"documents", "embeddings", "uris", "data"})
+INCLUDE_NAMES = CONTENT_COLUMNS | {"metadatas", "distances"}
+DEFAULT_GET_INCLUDE = ("metadatas", "documents")  # Chroma's get without include (API v2)
+
+
+def content_include(send: Any, default: tuple[str, ...]) -> tuple[Any, list[str] | None]:
+    """The two phases of a read whose include (`send`, as `stamped_include` makes it; None: Chroma's `default`)
+    names content (`CONTENT_COLUMNS`): (include of the first fetch — the rows' ids with their governance stamp,
+    ``metadatas``, and ``distances`` when asked —, include of the second — a ``get`` by the ids of the rows that
+    will be served: their content with their stamp again). (`send`, None) — one phase — when it names no content
+    or is not a list of include names Chroma knows (then Chroma refuses it, 400, as it would unsplit)."""
+    include = list(default) if send is None else send
+    if type(include) is not list or not all(type(c) is str and c in INCLUDE_NAMES for c in include) \
+            or not any(c in CONTENT_COLUMNS for c in include):
+        return send, None
+    first = [c for c in include if c not in CONTENT_COLUMNS]
+    second = [c for c in include if c != "distances"]
+    for phase in (first, second):
+        if "metadatas" not in phase:
+            phase.append("metadatas")
+    return first, second
+
+
+def _governed(meta: Any) -> dict[str, Any]:
+    """The governed keys (``mw_*``, the stamp) of a row's metadata as Chroma answered it."""
+    return {k: v for k, v in meta.items() if k.startswith("mw_")} if type(meta) is dict else {}
 
 
 def _obj(body: Any) -> dict[str, Any]:
@@ -406,15 +437,20 @@ class ChromaProfile:
         return 200, {"user_id": p.uid[1], "tenant": p.tenant, "databases": ["*"]}
 
     async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        """Chroma's reset wipes every tenant: a deployment action (operators only by default). Every
-        governed row is tombstoned and every collection unregistered first (durable), then Chroma's own
-        reset is called; if Chroma refuses (its ``ALLOW_RESET`` is off) the answer is its error and the
-        rows stay tombstoned — never served again — with their backend deletes pending."""
+        """Chroma's reset wipes every tenant: a deployment action (operators only by default). Chroma's own reset is
+        called first; only once it answered 2xx is every governed row tombstoned (its backend delete confirmed) and
+        every collection unregistered. When Chroma refuses (its ``allow_reset`` is off: 403) or fails, the answer is
+        its error and the ledger is unchanged: every row stays served and every collection registered. A sidecar
+        that stops between Chroma's reset and the ledger's leaves registered collections Chroma no longer holds
+        (reads of them fail, nothing is served): the operator resets again."""
         self.authz.require_deployment(ex, "reset", DEPLOYMENT)
-        n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
-        ex.rows_allowed = n
         result = await self.upstream.call("POST", ex.segments)
-        self.ledger.reset_done(BACKEND, None)
+
+        def wipe() -> int:
+            n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
+            self.ledger.reset_done(BACKEND, None)
+            return n
+        ex.rows_allowed = await offloop.call(self.ledger, wipe)
         return 200, result
 
     async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -688,6 +724,7 @@ class ChromaProfile:
         allowed_keys = {"ids", "embeddings", "metadatas", "documents", "uris"}
         if set(body) - allowed_keys:
             raise BadRequest(f"unknown fields: {sorted(set(body) - allowed_keys)}")
+        self._check_row_sizes(body, ids, metas)
         if p.kind != "agent" and op != "update":
             raise Forbidden("tenant admin keys cannot own rows; write with an agent key")
         # Governed keys a client can only echo back (what a read showed it, e.g. a client that round-trips a
@@ -842,6 +879,15 @@ class ChromaProfile:
             await offloop.call(self.ledger, self.ledger.update_governance, changed)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
+
+    def _check_row_sizes(self, body: dict[str, Any], ids: list[str], metas: list[Any] | None) -> None:
+        """413 (`check_row_size`, nothing decided or written) when a row of the write — its document, uri and
+        metadata (`sidecar.rowsize.row_bytes`) — is over ``MAX_ROW_BYTES``."""
+        limit = self.settings.max_row_bytes
+        documents, uris = body.get("documents"), body.get("uris")
+        for i, row_id in enumerate(ids):
+            size = row_bytes(documents[i] if documents else None, uris[i] if uris else None, metas[i] if metas else None)
+            check_row_size(f"row {row_id[:64]!r}", size, limit)
 
     async def _stored_documents(self, rec: CollectionRecord, ids: list[str], known: dict[str, Row],
                                 documents: list[Any], texts: list[str | None]) -> None:
@@ -1011,20 +1057,28 @@ class ChromaProfile:
         most a page of them) may be read while Chroma answers the first page. When the answer depends on content
         (`include` asks for some, or `filtered`: the client filtered by it), each row's stamp is fetched with it
         (`stamped_include`) and `keep` gets them (`_keep`); a row read early whose stamp disagrees is read again
-        first (`_reread_changing`).
+        first (`_reread_changing`). When `include` names content (documents, embeddings, uris), the pages hold ids
+        and stamps only and the content of the rows kept is fetched after (`content_include`, `_with_content`):
+        a row the caller may not read never has its content fetched.
         """
         if limit == 0:
             return [], None
         send, checked, added = stamped_include(include, filtered)
+        first, content = content_include(send, DEFAULT_GET_INCLUDE)
         rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
-                                               include=send, checked=checked, offset=offset, limit=limit, keep=keep,
-                                               early=early)
+                                               include=first, content=content, checked=checked, offset=offset,
+                                               limit=limit, keep=keep, early=early)
+        if content is not None and included is not None:  # what Chroma names for the whole include, unsplit
+            included = list(dict.fromkeys([*content, *first]))
         return rows, _unstamped(rows, included) if added else included
 
     async def _scan_rows(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                          where_document: Any, include: Any, checked: bool, offset: int, limit: int | None,
-                         keep: Any, early: bool) -> tuple[list[dict[str, Any]], list[str] | None]:
-        """`_scan` with the include to send; `checked`: rows are kept by their stamps too."""
+                         keep: Any, early: bool, content: list[str] | None = None) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` with the include to send; `checked`: rows are kept by their stamps too; `content`: the include
+        of the second phase (`content_include`), fetched for the kept rows only. A page Chroma answers over
+        ``BACKEND_MAX_RESPONSE_BYTES`` is asked again at half the size, down to one row (`BackendAnswerTooLarge`
+        then)."""
         page = self.settings.page_rows
         kept: list[dict[str, Any]] = []
         skipped = 0
@@ -1040,8 +1094,14 @@ class ChromaProfile:
                 if include is not None:
                     req["include"] = include
                 exact: list[bool] = []
-                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req, idempotent=True,
-                                                exact=exact)
+                try:
+                    resp = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body=req,
+                                                    idempotent=True, exact=exact)
+                except BackendAnswerTooLarge:
+                    if page <= 1:
+                        raise
+                    page //= 2  # rows with large metadata: the same offset again, in smaller pages
+                    continue
                 if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
                     raise UpstreamError("unexpected backend answer")
                 included = resp.get("included", included)
@@ -1067,13 +1127,19 @@ class ChromaProfile:
                         allowed = keep(batch_ids, stamps) if checked else keep(batch_ids)
                     finally:
                         self.authz.release(ex, BACKEND, rec.collection_id)
-                for row in batch:
-                    if row["ids"] not in allowed:
-                        continue
-                    if skipped < offset:
-                        skipped += 1
-                        continue
-                    kept.append(row)
+                served = [row for row in batch if row["ids"] in allowed]
+                if skipped < offset:
+                    n = min(offset - skipped, len(served))
+                    skipped += n
+                    served = served[n:]
+                while served:
+                    room = len(served) if limit is None else limit - len(kept)
+                    chunk, served = served[:room], served[room:]
+                    if content is not None:
+                        withheld, named = await self._with_content(ex, rec, chunk, content, where, where_document)
+                        chunk = [r for r in chunk if r["ids"] not in withheld]
+                        included = [] if named and included is None else included
+                    kept += chunk
                     if limit is not None and len(kept) >= limit:
                         return kept, included
                 if fetched < page:
@@ -1084,6 +1150,66 @@ class ChromaProfile:
             if early is not None:  # the read failed (or ended) before deciding: nothing of the early read is used
                 await self.authz.abandon(early)
                 self.authz.release(ex, BACKEND, rec.collection_id)
+
+    async def _with_content(self, ex: Exchange, rec: CollectionRecord, rows: list[dict[str, Any]], include: list[str],
+                            where: Any, where_document: Any) -> tuple[set[str], bool]:
+        """The second phase of a read (`content_include`): the content columns of `include` for `rows` — decided
+        readable on the first phase's ids and stamps — in one Chroma ``get`` by their ids (under the read's own
+        `where` and `where_document`, so a row whose content stopped matching meanwhile is not served), put into
+        each row in place with the stamp it came back with. A row whose stamp changed since the first phase (an
+        update landed in between) is decided again on the ledger row now (`stamped_as`, ``changing_row``); a row
+        Chroma no longer holds or that is withheld on that second decision is not served. Several rows of `rows`
+        may share an id (a query's lists). Returns (ids withheld, whether Chroma's answer named its ``included``
+        columns). An answer over
+        ``BACKEND_MAX_RESPONSE_BYTES`` is asked again for each half of the ids; over it for one row (rows the caller
+        may read), `BackendAnswerTooLarge`."""
+        ids = list(dict.fromkeys(r["ids"] for r in rows))
+        got: dict[str, dict[str, Any]] = {}
+        named = False
+        pending = [ids]
+        while pending:
+            part = pending.pop()
+            exact: list[bool] = []
+            try:
+                resp = await self.upstream.call("POST", self._data_segments(rec, "get"), idempotent=True, exact=exact,
+                                                json_body={"ids": part, "where": where, "where_document": where_document,
+                                                           "include": include})
+            except BackendAnswerTooLarge:
+                if len(part) <= 1:
+                    raise
+                pending += [part[len(part) // 2:], part[:len(part) // 2]]
+                continue
+            if not isinstance(resp, dict) or not isinstance(resp.get("ids"), list):
+                raise UpstreamError("unexpected backend answer")
+            named = named or type(resp.get("included")) is list
+            for r in self._rows(ex, resp, len(resp["ids"]), exact == [True]):
+                got[r["ids"]] = r
+        changed = list(dict.fromkeys(r["ids"] for r in rows if r["ids"] in got and _governed(
+            got[r["ids"]].get("metadatas")) != _governed(r.get("metadatas"))))
+        again: set[str] = set()
+        if changed:
+            include_superseded, as_of = history_view(ex.query)
+            await self.authz.prefetch(ex, BACKEND, rec.collection_id, changed)  # off the loop (PostgreSQL)
+            try:
+                again = self.authz.readable(ex, BACKEND, rec.collection_id, changed, include_superseded, as_of,
+                                            count=False, stamps={i: got[i].get("metadatas") for i in changed})
+            finally:
+                self.authz.release(ex, BACKEND, rec.collection_id)
+        missing = {i for i in ids if i not in got}
+        withheld = missing | {i for i in changed if i not in again}
+        for r in rows:
+            c = got.get(r["ids"])
+            if c is not None and r["ids"] not in withheld:
+                r.update((k, c[k]) for k in include if k in c)
+        if withheld:
+            reasons = ex.row_deny_reasons
+            for reason, n in ((DELETED_ROW, len(missing)), (CHANGING_ROW, len(withheld) - len(missing))):
+                if n:
+                    reasons[reason] = reasons.get(reason, 0) + n
+                    ex.reason = reason
+            ex.rows_allowed -= len(withheld)
+            ex.rows_hidden_deleted += len(withheld)
+        return withheld, named
 
     @staticmethod
     def _rows_to_columns(rows: list[dict[str, Any]], template: list[str], included: Any) -> dict[str, Any]:
@@ -1178,6 +1304,8 @@ class ChromaProfile:
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
         send, checked, added = stamped_include(body.get("include"), filtered=True)  # ranked by content
+        # Ranked on ids, distances and stamps; the content of the rows served is fetched after (`_with_content`).
+        first, content = content_include(send, DEFAULT_QUERY_INCLUDE)
         stamps: dict[str, Any] | None = None  # of the fetch being decided
 
         def keep(batch: list[str]) -> set[str]:
@@ -1189,12 +1317,19 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": sent[0], "ids": sent[1]}
-            if added:
-                req["include"] = send
+            if added or content is not None:
+                req["include"] = first
             exact: list[bool] = []
             try:
                 resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req,
                                                 idempotent=True, exact=exact)
+            except BackendAnswerTooLarge:
+                if not unfiltered:
+                    raise
+                # The unfiltered over-fetch held rows with large metadata: the same fetch under the pushdown.
+                unfiltered = False
+                sent = await self._pushdown(ex, rec, client_where, ids, where, mode)
+                continue
             except BackendServerError:
                 if not sent[2]:
                     raise
@@ -1232,6 +1367,14 @@ class ChromaProfile:
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
+        if content is not None:
+            served = [r for rows in final.values() for r in rows]
+            withheld, named = await self._with_content(ex, rec, served, content, client_where,
+                                                       body.get("where_document")) if served else (set(), False)
+            if withheld:
+                final = {i: [r for r in rows if r["ids"] not in withheld] for i, rows in final.items()}
+            if included is not None or named:  # what Chroma names for the whole include, unsplit
+                included = list(dict.fromkeys([*content, *first]))
         for rows in final.values():
             if added:
                 included = _unstamped(rows, included)

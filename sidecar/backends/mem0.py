@@ -32,7 +32,7 @@ Routes: every Mem0 route is mapped; ``/auth/*``, ``/api-keys``, ``/entities``, `
 (403); anything else is unmapped (404) and never forwarded. Deployment-wide routes are deployment actions
 on ``Deployment::"mem0:<deployment>"`` (operator keys only by the default policies): ``GET|POST /configure``
 and ``GET /configure/providers`` for an operator (``configure``), and ``POST /reset`` by an operator
-(``reset``: every memory tombstoned first, then Mem0's own reset). A tenant admin's ``POST /reset``
+(``reset``: Mem0's own reset, then, once it succeeded, every memory tombstoned). A tenant admin's ``POST /reset``
 deletes only its tenant's memories, per id (``admin``); Mem0's reset is never called for it.
 """
 
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import date, datetime, timezone
 from typing import Any, Iterable
 
 import structlog
@@ -48,13 +49,14 @@ from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
-from sidecar.errors import (BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
+from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
 from sidecar.ledger import Ledger, offloop
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
+from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.stages.authorize import Authorizer, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
@@ -148,6 +150,18 @@ def _ident(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value.strip()):
         raise BadRequest(f"{name} must be a non-empty string without whitespace")
     return value.strip()
+
+
+def _expired(expiration_date: Any, today: date) -> bool:
+    """Whether a memory with this ``expiration_date`` is expired on `today` (UTC), as Mem0 decides it for its lists
+    and search (mem0 ``Memory.get_all``/``search``: a date before today; none, or one that is not an ISO date, is
+    not expired)."""
+    if not expiration_date:
+        return False
+    try:
+        return date.fromisoformat(str(expiration_date)) < today
+    except ValueError:
+        return False
 
 
 def or_of(v: Visibility) -> list[dict[str, Any]] | None:
@@ -346,6 +360,9 @@ class Mem0Profile:
             raise BadRequest("messages must be a non-empty list of {role, content} objects")
         if body.get("memory_type") is not None:
             raise BadRequest("memory_type (procedural memory) is not available through memwarden")
+        # Each message may become a memory (infer=false: each non-system one) carrying the add's metadata.
+        for n, m in enumerate(messages):
+            check_row_size(f"message {n}", row_bytes(m.get("content"), body.get("metadata")), self.settings.max_row_bytes)
         infer = body.get("infer")
         if infer is not None and not isinstance(infer, bool):
             raise BadRequest("infer must be a boolean")
@@ -541,6 +558,7 @@ class Mem0Profile:
             raise BadRequest("At least one of text, metadata, or expiration_date must be provided.")
         if "text" in body and body["text"] is not None and not isinstance(body["text"], str):
             raise BadRequest("text must be a string")
+        check_row_size("the memory", row_bytes(body.get("text"), body.get("metadata")), self.settings.max_row_bytes)
         # Governed keys a read showed may come back unchanged (`sidecar.core.echo`), checked once the row is readable.
         kept, claimed = set_aside(body.get("metadata"))
         plain, requested = self._requested(p, kept)
@@ -660,18 +678,24 @@ class Mem0Profile:
             raise UpstreamError("unexpected backend answer")
         return good
 
-    async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool) -> list[dict[str, Any]]:
-        """Every Mem0 row of the caller's tenant matching the client's ids (one GET /memories per agent of
-        the tenant, or for the one agent named; without a named agent also one per entity id under which
-        adopted memories of the tenant are listed, `Ledger.listing_keys`; with one, also that agent_id as Mem0
-        stores it when adopted memories of the tenant are listed under it), in Mem0's order, before row-level
-        filtering."""
+    async def _list_rows(self, ex: Exchange, query: dict[str, str], show_expired: bool,
+                         purpose: str = "read") -> list[dict[str, Any]]:
+        """Every Mem0 row of the caller's tenant matching the client's ids, in Mem0's order, before row-level
+        filtering: one GET /memories per agent — for a read (`purpose` ``read``) each agent owning a row the caller's
+        visibility filter admits (`Ledger.visible_owners`: an agent whose rows the caller may not read is never asked
+        for them), for a delete (``delete``) every agent of the tenant — or for the one agent named (for a read, only
+        when it owns such a row); without a named agent also one per entity id under which adopted memories of the
+        tenant are listed (`Ledger.listing_keys`); with one, also that agent_id as Mem0 stores it when adopted
+        memories of the tenant are listed under it. Each call stands alone (`_lookup`): an agent's answer over
+        ``BACKEND_MAX_RESPONSE_BYTES`` is made again memory by memory (`_owner_rows`), so rows the caller may not
+        read never cost it the list."""
         p = self._p(ex)
         base: dict[str, str] = {"top_k": str(LIST_LIMIT), "show_expired": "true" if show_expired else "false"}
         for key in ("user_id", "run_id"):
             if query.get(key) not in (None, "*"):
                 base[key] = _ident(query[key], key)
         named = query.get("agent_id")
+        reader = visibility(p, self.authz.pushdown(self.settings.pushdown)).reader
         lookups: list[dict[str, str]] = []
         if named not in (None, "*"):
             # An adopted memory kept the agent_id Mem0 gave it (`memwarden adopt mem0`): an agent_id the tenant's
@@ -687,22 +711,93 @@ class Mem0Profile:
             if adopted and raw not in agents:
                 lookups.append({**base, "agent_id": raw})
             agents = [a for a in agents if a.startswith(p.tenant + "/")]  # another tenant's agent: nothing of it
+            if purpose == "read" and agents:
+                owners = await offloop.call(self.ledger, self.ledger.visible_owners, BACKEND, self.coll, p.tenant, reader)
+                agents = [a for a in agents if a in owners]
         else:
-            agents = await offloop.call(self.ledger, self._tenant_agents, p)
+            if purpose == "read":
+                agents = await offloop.call(self.ledger, self.ledger.visible_owners, BACKEND, self.coll, p.tenant, reader)
+            else:
+                agents = await offloop.call(self.ledger, self._tenant_agents, p)
             # Adopted memories (`memwarden adopt mem0`) keep the entity ids Mem0 gave them: list under those too.
             for field, value in await offloop.call(self.ledger, self.ledger.listing_keys, BACKEND, self.coll, p.tenant):
                 if base.get(field, value) == value:
                     lookups.append({**base, field: value})
-        lookups = [{**base, "agent_id": a} for a in agents] + lookups
-        answers = await asyncio.gather(*(self._call("GET", ["memories"], params=q) for q in lookups))
+        calls = [({**base, "agent_id": a}, a) for a in agents] + [(q, None) for q in lookups]
+        answers = await asyncio.gather(*(self._lookup(ex, q, owner, reader if purpose == "read" else None,
+                                                      purpose == "read", show_expired) for q, owner in calls))
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for resp in answers:
-            for row in self._results(ex, resp):
+        for answer in answers:
+            for row in answer:
                 if row["id"] not in seen:
                     seen.add(row["id"])
                     rows.append(row)
         return rows
+
+    async def _lookup(self, ex: Exchange, query: dict[str, str], owner: str | None,
+                      reader: tuple[str, str | None, bool] | None, read: bool, show_expired: bool) -> list[dict[str, Any]]:
+        """One GET /memories of `_list_rows` (`query`), its memories (`_results`). When the answer is over
+        ``BACKEND_MAX_RESPONSE_BYTES`` and the call lists agent `owner`'s memories: `_owner_rows` instead. Raises
+        `BackendAnswerTooLarge` (502, naming the limit) for a call of an adopted entity id."""
+        try:
+            return self._results(ex, await self._call("GET", ["memories"], params=query))
+        except BackendAnswerTooLarge:
+            if owner is None:
+                raise
+        return await self._owner_rows(ex, query, owner, reader, read, show_expired)
+
+    OWNER_ROWS_CONCURRENCY = 8  # GET /memories/{id} calls in flight at once for one `_owner_rows`
+
+    async def _owner_rows(self, ex: Exchange, query: dict[str, str], owner: str,
+                          reader: tuple[str, str | None, bool] | None, read: bool, show_expired: bool) -> list[dict[str, Any]]:
+        """The answer of GET /memories for `query` (agent `owner`'s memories, narrowed by ``user_id``/``run_id``,
+        expired ones only with `show_expired`) made memory by memory, for an agent whose memories together are over
+        ``BACKEND_MAX_RESPONSE_BYTES``: the rows of `owner` the ledger lists under `reader`'s visibility filter
+        (`Ledger.visible_row_ids_of`; None: the tenant's), for a read (`read`) only those the caller may read now
+        (decided again, with their stamps, by the caller), in the order the ledger made them, each fetched by
+        ``GET /memories/{id}`` — one row per answer, below the limit as every row written under ``MAX_ROW_BYTES`` is
+        — and kept when Mem0's list would hold it (its ``agent_id``, ``user_id`` and ``run_id``; an
+        ``expiration_date`` before today, UTC, is expired: mem0 ``Memory.get_all``), at most `LIST_LIMIT` as Mem0's
+        list. Raises `BackendAnswerTooLarge` when there are more than ``MAX_SCAN_ROWS`` such rows."""
+        p = self._p(ex)
+        ids = await offloop.call(self.ledger, self.ledger.visible_row_ids_of, BACKEND, self.coll, p.tenant, reader,
+                                 owner, self.settings.max_scan_rows)
+        if ids is None:
+            raise BackendAnswerTooLarge(self.upstream.max_response_bytes)
+        if read and ids:
+            include_superseded, as_of = history_view(ex.query)
+            async with self.authz.prefetched(ex, BACKEND, self.coll, ids):  # one ledger trip off the loop (PostgreSQL)
+                known = self.authz.readable_rows(ex, BACKEND, self.coll, ids, include_superseded, as_of, count=False)
+        else:
+            known = await offloop.call(self.ledger, self._servable, ids)
+        ordered = sorted(known.values(), key=lambda r: (r.created_at, r.row_id))
+        today = datetime.now(timezone.utc).date()
+
+        def listed(m: Any, mid: str) -> bool:
+            if not isinstance(m, dict) or m.get("id") != mid or m.get("agent_id") != query["agent_id"]:
+                return False
+            if any(key in query and m.get(key) != query[key] for key in ("user_id", "run_id")):
+                return False
+            return show_expired or not _expired(m.get("expiration_date"), today)
+
+        async def one(mid: str) -> Any:
+            try:
+                return await self._call("GET", ["memories", mid])
+            except BackendClientError as exc:
+                if exc.status == 404:
+                    return None  # gone from Mem0 meanwhile
+                raise
+
+        out: list[dict[str, Any]] = []
+        step = self.OWNER_ROWS_CONCURRENCY
+        for start in range(0, len(ordered), step):
+            batch = [r.row_id for r in ordered[start:start + step]]
+            got = await asyncio.gather(*(one(mid) for mid in batch))
+            out += [m for mid, m in zip(batch, got) if listed(m, mid)]
+            if len(out) >= LIST_LIMIT:
+                break
+        return well_formed_rows(ex, BACKEND, out[:LIST_LIMIT], lambda r: r.get("id"), self.settings.max_json_depth + 1)
 
     async def op_list(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         self._require(ex, "list")
@@ -869,9 +964,17 @@ class Mem0Profile:
         # memory allowed on an earlier one is kept only while its stamp still agrees with that row, else decided
         # again (an update landed between the two answers).
         decided: dict[str, Row | None] = {}
+        ceiling = self.settings.max_scan_rows  # a larger fetch was over BACKEND_MAX_RESPONSE_BYTES: below it
         while True:
-            rows = self._results(ex, await self._call("POST", ["search"], json_body={**req, "top_k": fetch},
-                                                                  idempotent=True))
+            try:
+                resp = await self._call("POST", ["search"], json_body={**req, "top_k": fetch}, idempotent=True)
+            except BackendAnswerTooLarge:
+                if fetch <= k:
+                    raise  # the k best matches alone are over the limit
+                # Large memories among the over-fetched: asked again for fewer (no fewer than k).
+                ceiling, fetch = fetch - 1, max(k, fetch // 2)
+                continue
+            rows = self._results(ex, resp)
             matching = [r for r in rows if compiled.matches(r)]
             stamps = {r["id"]: r.get("metadata") for r in matching}
             wanted = [i for i, meta in stamps.items()
@@ -882,9 +985,9 @@ class Mem0Profile:
                                                        stamps=stamps)
                 decided.update({i: allowed.get(i) for i in wanted})
             kept = [r for r in matching if decided[r["id"]] is not None]
-            if len(kept) >= k or len(rows) < fetch or fetch >= self.settings.max_scan_rows:
-                break
-            fetch = min(fetch * 2, self.settings.max_scan_rows)  # refill: Mem0 search has no offset
+            if len(kept) >= k or len(rows) < fetch or fetch >= ceiling:
+                break  # at the ceiling: the readable memories found so far (a larger answer is over the limit)
+            fetch = min(fetch * 2, ceiling)  # refill: Mem0 search has no offset
         kept = kept[:k]
         await self._decorate(ex, kept)
         ex.row_ids = [r["id"] for r in kept]
@@ -957,22 +1060,28 @@ class Mem0Profile:
         _only(q, IDENTITY)
         if not any(q.get(k) not in (None, "*") for k in IDENTITY):
             raise BadRequest("At least one identifier is required.")
-        rows = await self._list_rows(ex, q, show_expired=True)
+        rows = await self._list_rows(ex, q, show_expired=True, purpose="delete")
         n = await self._delete_matching(ex, rows)
         return 200, {"message": "All relevant memories deleted", "deleted": n}
 
     async def op_reset(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        # Mem0's /reset drops every tenant's memories: only an operator's reset (a deployment action) calls
-        # it, after every memory of the deployment is tombstoned. A tenant admin resets its tenant, per id.
+        # Mem0's /reset drops every tenant's memories: only an operator's reset (a deployment action) calls it;
+        # once Mem0 answered 2xx every memory of the deployment is tombstoned (its backend delete confirmed). A
+        # refused or failed reset changes nothing in the ledger. A tenant admin resets its tenant, per id (deletes:
+        # tombstoned first, as every delete).
         p = self._p(ex)
         if p.kind == "operator":
             self.authz.require_deployment(ex, "reset", self.deployment)
-            ex.rows_allowed = await offloop.call(self.ledger, self.ledger.reset, BACKEND, self.coll, p.uid[1], ex.request_id)
             await self._call("POST", ["reset"])
-            await offloop.call(self.ledger, self.ledger.reset_done, BACKEND, self.coll)
+
+            def wipe() -> int:
+                n = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
+                self.ledger.reset_done(BACKEND, self.coll)
+                return n
+            ex.rows_allowed = await offloop.call(self.ledger, wipe)
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
-        rows = await self._list_rows(ex, {}, show_expired=True)
+        rows = await self._list_rows(ex, {}, show_expired=True, purpose="delete")
         n = await self._delete_matching(ex, rows)
         return 200, {"message": "All memories reset", "deleted": n}
 

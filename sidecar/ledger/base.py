@@ -220,5 +220,17 @@ class Ledger(Protocol):
         name it; with None every such row of the tenant. Read now, never cached (row scope and readers are
         never served from a cache). None when more than `limit` rows qualify; order unspecified."""
         ...
+    def visible_owners(self, backend: str, collection_id: str, tenant: str,
+                       reader: tuple[str, str | None, bool] | None) -> list[str]:
+        """The owners (agent uids, sorted) of the rows `visible_row_ids` would list — the collection's rows of `tenant`,
+        neither deleted nor pending, that the caller's visibility filter admits: the agents under whose ids a backend
+        that lists rows per agent (Mem0's ``GET /memories?agent_id=``) holds a row the caller may be served. Read now,
+        never cached."""
+        ...
+    def visible_row_ids_of(self, backend: str, collection_id: str, tenant: str,
+                           reader: tuple[str, str | None, bool] | None, owner: str, limit: int) -> list[str] | None:
+        """`visible_row_ids` of the rows `owner` (an agent uid) owns. Read now, never cached; None when more than
+        `limit` rows qualify; order unspecified."""
+        ...
     def ping(self) -> bool: ...
     def close(self) -> None: ...

@@ -61,6 +61,7 @@ from sidecar.ledger.sqlite import (
     _reset_done,
     _visible,
     _visible_ids_query,
+    _visible_query,
     Reader,
     VisibleRows,
     _names,
@@ -1121,6 +1122,23 @@ class PostgresLedger:
             # does not see the reader's values, and read 8.5 ms on a 20,000-row collection where the custom plan,
             # planned anew each time, takes 1.3 ms in all.
             return _visible(cur.execute(sql, args, prepare=False).fetchall(), limit)  # type: ignore[arg-type]
+
+    def visible_owners(self, backend: str, collection_id: str, tenant: str, reader: Reader | None) -> list[str]:
+        """`Ledger.visible_owners`: one statement (`_visible_query`), never prepared (as `visible_row_ids`)."""
+        sql, args = _visible_query("%s", "jsonb_exists(readers::jsonb, %s)", backend, collection_id, tenant, reader,
+                                   "DISTINCT owner", union="UNION")
+        with self._conn() as db:
+            cur = db.cursor(row_factory=tuple_row)
+            return sorted(r[0] for r in cur.execute(sql, args, prepare=False).fetchall())
+
+    def visible_row_ids_of(self, backend: str, collection_id: str, tenant: str, reader: Reader | None, owner: str,
+                           limit: int) -> list[str] | None:
+        """`Ledger.visible_row_ids_of`: one statement (`_visible_query`), never prepared (as `visible_row_ids`)."""
+        sql, args = _visible_query("%s", "jsonb_exists(readers::jsonb, %s)", backend, collection_id, tenant, reader,
+                                   "row_id", owner=owner)
+        with self._conn() as db:
+            cur = db.cursor(row_factory=tuple_row)
+            return _visible(cur.execute(f"{sql} LIMIT %s", (*args, limit + 1), prepare=False).fetchall(), limit)
 
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""

@@ -659,11 +659,11 @@ class SQLiteLedger:
             return _closure_tombstone(db, "?", backend, collection_id, row_ids, by, request_id, closure, t, also or [])
 
     def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int:
-        """An operator's reset of the deployment, durable before the backend's own reset is called: every
-        row of `backend` (or of one ledger collection, e.g. a Mem0 deployment) is tombstoned, pending
-        rows included (they never activate), and with `collection_id` None every collection is marked
-        deleted. Content is not remembered as forgotten (a reset is not a tenant deleting memory).
-        Returns the number of rows tombstoned; `reset_done` confirms the backend reset."""
+        """An operator's reset of the deployment, recorded once the backend's own reset succeeded (a reset the
+        backend refuses changes nothing here): every row of `backend` (or of one ledger collection, e.g. a Mem0
+        deployment) is tombstoned, pending rows included (they never activate), and with `collection_id` None
+        every collection is marked deleted. Content is not remembered as forgotten (a reset is not a tenant
+        deleting memory). Returns the number of rows tombstoned; `reset_done` confirms their backend deletes."""
         with self._tx() as db:
             return _reset(db, "?", backend, collection_id, by, request_id, now_us())
 
@@ -753,6 +753,23 @@ class SQLiteLedger:
             cur.row_factory = None
             return _visible(cur.execute(sql, args).fetchall(), limit)
 
+    def visible_owners(self, backend: str, collection_id: str, tenant: str, reader: Reader | None) -> list[str]:
+        """`Ledger.visible_owners`: one statement (`_visible_query`)."""
+        sql, args = _visible_query("?", READS_JSON_SQLITE, backend, collection_id, tenant, reader, "DISTINCT owner", union="UNION")
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            return sorted(r[0] for r in cur.execute(sql, args).fetchall())
+
+    def visible_row_ids_of(self, backend: str, collection_id: str, tenant: str, reader: Reader | None, owner: str,
+                           limit: int) -> list[str] | None:
+        """`Ledger.visible_row_ids_of`: one statement (`_visible_query`)."""
+        sql, args = _visible_query("?", READS_JSON_SQLITE, backend, collection_id, tenant, reader, "row_id", owner=owner)
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            return _visible(cur.execute(f"{sql} LIMIT ?", (*args, limit + 1)).fetchall(), limit)
+
     def pending_tombstones(self, backend: str) -> list[tuple[str, str]]:
         """(collection_id, row_id) of tombstones whose backend delete has not been confirmed."""
         with self._lock:
@@ -791,6 +808,24 @@ def _visible_ids_query(ph: str, reads_json: str, backend: str, collection_id: st
              for cond, args in sql_branches(Visibility.of_reader(tenant, reader), ph, reads_json)]
     sql = " UNION ALL ".join(q for q, _ in parts) + f" LIMIT {ph}"
     return sql, tuple(a for _, args in parts for a in args) + (limit + 1,)
+
+
+READS_JSON_SQLITE = "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)"
+
+
+def _visible_query(ph: str, reads_json: str, backend: str, collection_id: str, tenant: str, reader: Reader | None,
+                   select: str, owner: str | None = None, union: str = "UNION ALL") -> tuple[str, tuple[Any, ...]]:
+    """``SELECT select`` over the rows `_visible_ids_query` admits (of `owner` only, when given), one branch per
+    disjunct of the visibility predicate joined by `union`, without a LIMIT (shared by both ledgers: `ph` and
+    `reads_json` as there)."""
+    base = (f"SELECT {select} FROM rows WHERE backend = {ph} AND collection_id = {ph} AND tenant = {ph} "
+            "AND status NOT IN ('deleted', 'pending')")
+    common: tuple[Any, ...] = (backend, collection_id, tenant)
+    if owner is not None:
+        base, common = f"{base} AND owner = {ph}", common + (owner,)
+    parts = [(f"{base} AND {cond}", common + args)
+             for cond, args in sql_branches(Visibility.of_reader(tenant, reader), ph, reads_json)]
+    return f" {union} ".join(q for q, _ in parts), tuple(a for _, args in parts for a in args)
 
 
 def _visible(rows: list[Any], limit: int) -> list[str] | None:

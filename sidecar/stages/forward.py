@@ -26,7 +26,8 @@ import httpx
 import orjson
 import structlog
 
-from sidecar.errors import BackendClientError, BackendServerError, UpstreamError, UpstreamTimeout
+from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BackendServerError, UpstreamError,
+                            UpstreamTimeout)
 from sidecar.stages.http1 import (IDEMPOTENT_METHODS, Http1Transport, ResponseTooLarge, TLSVerificationFailed,
                                   decode_body)
 
@@ -122,6 +123,7 @@ class Upstream:
                  transport: httpx.AsyncBaseTransport | None = None,
                  max_response_bytes: int = 64 * 1024 * 1024, ssl_context: ssl.SSLContext | None = None) -> None:
         headers = {"content-type": "application/json", "accept": "application/json"}
+        self.max_response_bytes = max_response_bytes
         if token:
             headers[auth_header or "Authorization"] = f"Bearer {token}" if (auth_header or "Authorization").lower() == "authorization" else token
         # httpx's request and response types and its transport interface, without its Client layer (URL
@@ -205,7 +207,8 @@ class Upstream:
         `exact`: a list to which, once the answer is decoded, whether orjson decoded it is appended
         (`decode_exact`; nothing is appended when the call raises or the body is empty).
 
-        Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `UpstreamError` or
+        Returns the decoded JSON (any JSON value). Raises `UpstreamTimeout`, `BackendAnswerTooLarge` (an answer body
+        over `max_response_bytes`), `UpstreamError` or
         `BackendClientError` (status and the backend's error text).
         """
         path = self._prefix + "/" + quoted_path(segments)
@@ -237,7 +240,7 @@ class Upstream:
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("backend timed out") from exc
         except ResponseTooLarge as exc:
-            raise UpstreamError(f"backend answer too large: {exc}") from exc
+            raise BackendAnswerTooLarge(self.max_response_bytes) from exc
         except TLSVerificationFailed as exc:
             structlog.get_logger("memwarden.forward").warning(
                 "backend_tls_verification_failed", backend=self._origin, reason=exc.reason)

@@ -124,6 +124,19 @@ class ChromaDriver:
         return self._post(w, who, "add", {"ids": [new], "embeddings": [EMB["r1-agent"]], "documents": [f"written {new}"],
                                           "metadatas": [{"topic": "gamma", **requested}]})
 
+    def write_text(self, w: World, who: str, text: str) -> httpx.Response:
+        new = f"new-{uuid.uuid4().hex[:8]}"
+        return self._post(w, who, "add", {"ids": [new], "embeddings": [EMB["r1-agent"]], "documents": [text],
+                                          "metadatas": [{"topic": "gamma"}]})
+
+    def update_text(self, w: World, who: str, name: str, text: str) -> httpx.Response:
+        return self._post(w, who, "update", {"ids": [w.ids[name]], "documents": [text]})
+
+    def text(self, w: World, who: str, name: str) -> str:
+        r = self._post(w, who, "get", {"ids": [w.ids[name]], "include": ["documents"]})
+        assert r.status_code == 200 and r.json()["ids"] == [w.ids[name]], r.text
+        return str(r.json()["documents"][0])
+
     def in_backend(self, w: World, name: str) -> bool:
         direct = self.stack.direct(w.tenant).get_collection("mem")
         return bool(direct.get(ids=[w.ids[name]])["ids"])
@@ -224,6 +237,19 @@ class Mem0Driver:
 
     def write(self, w: World, who: str, requested: dict[str, Any]) -> httpx.Response:
         return self._write(w, who, f"written {uuid.uuid4().hex[:8]}", "gamma", requested)
+
+    def write_text(self, w: World, who: str, text: str) -> httpx.Response:
+        return self._write(w, who, text, "gamma", {})
+
+    def update_text(self, w: World, who: str, name: str, text: str) -> httpx.Response:
+        with self.stack.http(w.keys[who]) as h:
+            return h.put(f"/memories/{w.ids[name]}", json={"text": text})
+
+    def text(self, w: World, who: str, name: str) -> str:
+        with self.stack.http(w.keys[who]) as h:
+            r = h.get(f"/memories/{w.ids[name]}")
+        assert r.status_code == 200, r.text
+        return str(r.json()["memory"])
 
     def in_backend(self, w: World, name: str) -> bool:
         with self.stack.direct() as d:

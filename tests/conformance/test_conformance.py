@@ -8,7 +8,9 @@ status map), so the backends cannot drift apart again:
 - a row the caller may read but not change: 403 on update and delete, on every backend; a delete by ids is
   all-or-nothing like a write; a delete by filter deletes the matching rows the caller may delete;
 - an update may send back the governed keys a read showed, unchanged; any other governed value is 400;
-- a backend's own 4xx keeps its status but never its text (it may quote stored content).
+- a backend's own 4xx keeps its status but never its text (it may quote stored content);
+- a row over ``MAX_ROW_BYTES`` (its text in UTF-8 bytes with its metadata) is 413 naming the limit, and nothing is
+  written or changed.
 """
 
 from __future__ import annotations
@@ -133,3 +135,22 @@ def test_an_update_may_send_back_what_a_read_showed(driver: Any, world: World) -
     assert driver.update_metadata(world, "r1", "r1-tenant", forged).status_code == 400
     after = driver.metadata(world, "r1", "r1-tenant")
     assert after["note"] == "round trip" and after["mw_owner"] == shown["mw_owner"]
+
+
+MAX_ROW_BYTES = 1024 * 1024  # the default of MEMWARDEN_MAX_ROW_BYTES, which the session's sidecars run with
+
+
+@pytest.mark.parametrize("text", ["x" * (MAX_ROW_BYTES + 1), "é" * (MAX_ROW_BYTES // 2 + 1)], ids=["ascii", "utf8"])
+def test_a_row_over_the_row_limit_is_413_and_changes_nothing(driver: Any, world: World, text: str) -> None:
+    """Issue 34, finding 3: one agent's large rows broke other agents' reads. A row's size is capped at write time:
+    over ``MAX_ROW_BYTES`` bytes (UTF-8: 524,289 two-byte characters are over a 1 MiB limit) an add and an update
+    are 413 with a message naming the limit, and nothing is written or changed."""
+    before = set(driver.scan(world, "r1"))
+    for r in (driver.write_text(world, "r1", text), driver.update_text(world, "r1", "r1-tenant", text)):
+        assert r.status_code == 413, r.text[:300]
+        assert r.json()["error"] == "payload_too_large" and "MEMWARDEN_MAX_ROW_BYTES" in r.json()["message"]
+        assert str(MAX_ROW_BYTES) in r.json()["message"]
+    assert set(driver.scan(world, "r1")) == before
+    assert driver.text(world, "r1", "r1-tenant") != text
+    # at the limit itself: written
+    assert driver.write_text(world, "r1", "y" * (MAX_ROW_BYTES - 100)).status_code == 200

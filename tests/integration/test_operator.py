@@ -64,7 +64,7 @@ def resettable(tmp_path: Path) -> Iterator[Stack]:
     s.chroma.stop()
 
 
-def test_operator_reset_tombstones_every_row_first(resettable: Stack) -> None:
+def test_operator_reset_wipes_governance_once_chroma_reset(resettable: Stack) -> None:
     stack = resettable
     a, b = stack.tenant("ra"), stack.tenant("rb")
     for t in (a, b):
@@ -85,3 +85,41 @@ def test_operator_reset_tombstones_every_row_first(resettable: Stack) -> None:
         ledger.close()
     with pytest.raises(chromadb.errors.NotFoundError):  # Chroma itself was reset: tenants are gone too
         stack.direct(a.name).list_collections()
+
+
+@pytest.fixture
+def unresettable(tmp_path: Path) -> Iterator[Stack]:
+    """A private Chroma started as `chroma run` starts by default: ``allow_reset`` off, so it refuses its reset (403)."""
+    s, _ = _start_stack(tmp_path, start_chroma(tmp_path / "chroma"))
+    yield s
+    s.sidecar.stop()
+    s.chroma.stop()
+
+
+def test_a_reset_chroma_refuses_changes_no_governance(unresettable: Stack) -> None:
+    """Issue 34, finding 8: a ``POST /api/v2/reset`` that Chroma refused tombstoned every row of every tenant and
+    unregistered every collection, so nothing could be served or adopted again. The ledger changes only after
+    Chroma's reset succeeded: after a refused one every row is still served and every collection registered."""
+    stack = unresettable
+    tenants = [stack.tenant("na"), stack.tenant("nb")]
+    keys = []
+    for t in tenants:
+        key = stack.key(t.name, "f1", "w", 1)
+        keys.append(key)
+        stack.client(key, t.name).get_collection(t.collection).add(
+            ids=["r1", "r2"], embeddings=unit_vectors(2), documents=["kept one", "kept two"])
+    with stack.http(operator_key(stack)) as h:
+        r = h.post("/api/v2/reset")
+    assert r.status_code == 403 and r.json()["error"] == "backend_rejected", r.text  # Chroma's own refusal
+    ledger = stack.ledger()
+    try:
+        for t in tenants:
+            assert ledger.get_collection("chroma", t.collection_id) is not None
+            assert {r.status for r in ledger.get_rows("chroma", t.collection_id, ["r1", "r2"]).values()} == {"active"}
+        assert ledger.pending_tombstones("chroma") == []
+    finally:
+        ledger.close()
+    for t, key in zip(tenants, keys):
+        got = stack.client(key, t.name).get_collection(t.collection).get(ids=["r1", "r2"], include=["documents"])
+        assert sorted(zip(got["ids"], got["documents"] or [])) == [("r1", "kept one"), ("r2", "kept two")]
+        assert stack.client(t.admin_key, t.name).get_collection(t.collection).count() == 2

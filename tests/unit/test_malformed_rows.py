@@ -49,7 +49,12 @@ def test_chroma_get_and_query_drop_only_the_malformed_rows(tmp_path: Path) -> No
     metas: list[Any] = [{"mw_scope": "tenant", "mw_fleet": "red"}, {"n": deep(40)}, {"x": float("nan")}, {"mw_scope": "tenant", "mw_fleet": "red"}]
 
     def reply(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/get"):
+        asked = __import__("json").loads(request.content)
+        if request.url.path.endswith("/get") and "documents" in (asked.get("include") or []):
+            # the content of the rows a read serves (its second phase), by their ids: those rows, as Chroma answers
+            body = {"ids": asked["ids"], "metadatas": [metas[ids.index(i)] for i in asked["ids"]],
+                    "documents": [f"doc of {i}" for i in asked["ids"]]}
+        elif request.url.path.endswith("/get"):
             body = {"ids": ids + [7], "metadatas": metas + [{}], "documents": ["a", "b", "c", "d", "e"], "included": ["metadatas"]}
         else:
             body = {"ids": [ids], "metadatas": [metas], "distances": [[0.1, 0.2, 0.3, 0.4]], "documents": [["a", "b", "c", "d"]],

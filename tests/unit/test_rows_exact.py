@@ -143,7 +143,12 @@ def test_a_row_orjson_refuses_is_still_dropped_alone(tmp_path: Any, bad: str) ->
     metas = '[{"mw_scope": "tenant", "mw_fleet": "red"}, {"x": %s}, {"mw_scope": "tenant", "mw_fleet": "red"}]' % bad
 
     def reply(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/get"):
+        asked = json.loads(request.content)
+        if request.url.path.endswith("/get") and "documents" in (asked.get("include") or []):
+            # the content of the rows a read serves (its second phase), by their ids: those rows, as Chroma answers
+            body = json.dumps({"ids": asked["ids"], "documents": ["doc"] * len(asked["ids"]),
+                               "metadatas": [{"mw_scope": "tenant", "mw_fleet": "red"}] * len(asked["ids"])})
+        elif request.url.path.endswith("/get"):
             body = '{"ids": %s, "metadatas": %s, "documents": ["a", "b", "c"], "included": ["metadatas"]}' % (
                 json.dumps(ids), metas)
         else:
