@@ -422,7 +422,7 @@ class Mem0Profile:
         """`row` with `text` (an event's memory) as its content; no content when Mem0 sent no text."""
         if isinstance(text, str):
             return self.prov.set_content(row, text)
-        row.content_hmac = row.content_legacy = None
+        row.content_hmac, row.content_legacy = None, ()
         return row
 
     async def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
