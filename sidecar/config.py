@@ -53,6 +53,10 @@ class Settings(BaseSettings):
         default="Authorization",
         description="header carrying backend_token; default Authorization (Bearer) for chroma, X-API-Key for mem0")
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
+    update_lease_s: float = Field(
+        default=30.0, gt=0, description="an update holds its rows' update markers (one update of a row at a time; "
+        "another update of the same row meanwhile is 409) for at most this long, seconds: a marker left by an update "
+        "whose process died is taken over after it; an update that outlives it is 409 and writes no governance")
     backend_max_connections: int = Field(default=64, gt=0)
     backend_max_response_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes, as received and "

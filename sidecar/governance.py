@@ -151,9 +151,9 @@ class Row:
     superseded_by: tuple[str, str] | None = None
     superseded_at: int | None = None
     content_hmac: str | None = None
-    # The same text's HMAC under the normalisation of schema versions before 3 (never stored): deleted
-    # content recorded before the upgrade still matches (`Provenance.forgotten`).
-    content_legacy: str | None = None
+    # The same text's HMACs under earlier normalisations (`sidecar.provenance.legacy_content_digests`; never
+    # stored): deleted content recorded before an upgrade still matches (`Provenance.forgotten`).
+    content_legacy: tuple[str, ...] = ()
 
     @property
     def uid(self) -> tuple[str, str]:

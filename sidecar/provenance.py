@@ -2,10 +2,10 @@
 
 Pure helpers:
 
-- `content_digest`: keyed HMAC-SHA256 over normalised content (`normalise_content`: Unicode NFKC,
-  case-folded, format characters such as zero-width spaces removed, whitespace collapsed, punctuation
-  and symbols at the edges stripped), so a deleted memory's content cannot be re-written under another
-  id, spelt differently, without the text.
+- `content_digest`: keyed HMAC-SHA256 over normalised content (`normalise_content`: default-ignorable
+  code points removed, Unicode NFKC, case-folded, format characters such as zero-width spaces removed,
+  whitespace collapsed, punctuation and symbols at the edges stripped), so a deleted memory's content
+  cannot be re-written under another id, spelt differently, without the text.
 - `load_single_valued`: the predicates declared single-valued in ``policies/single_valued.txt``
   (one predicate per line, ``#`` comments). A triple with such a predicate supersedes the active row
   for the same (subject, predicate) in its collection and visibility partition (`fact_partition`).
@@ -29,6 +29,8 @@ import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+import regex
+
 from sidecar.errors import BadRequest, Conflict, Forbidden
 from sidecar.governance import SCOPES, Principal, Row, agent_id, fact_partition
 from sidecar.ledger.base import StaleFact, check_names, now_us
@@ -40,6 +42,11 @@ if TYPE_CHECKING:
 
 SINGLE_VALUED_FILE = "single_valued.txt"
 _WS = re.compile(r"\s+")
+# Unicode's Default_Ignorable_Code_Point property (UAX #44, DerivedCoreProperties.txt): code points a renderer
+# shows as nothing — U+00AD, U+034F, U+115F, U+180B–U+180F, U+200B–U+200F, U+2060–U+206F, U+3164, U+FE00–U+FE0F,
+# U+FEFF, U+FFA0, U+E0000–U+E0FFF and the unassigned code points reserved as ignorable — as the `regex` package's
+# Unicode tables define it (the standard library has no such property).
+_IGNORABLE = regex.compile(r"\p{Default_Ignorable_Code_Point}+")
 _PREDICATE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 GOVERNED_PREFIX = "mw_"
@@ -62,10 +69,21 @@ def _edge(ch: str) -> bool:
 
 def normalise_content(text: str) -> str:
     """The form in which memory content is compared (deletion closure, the forgotten-content rule):
-    Unicode NFKC, case-folded, format characters (category Cf: zero-width space/joiners, BOM, soft
-    hyphen, bidi controls) removed, whitespace runs collapsed to one space, and punctuation, symbols
-    and whitespace at both ends stripped. ``"The key is 42."``, ``" the KEY is\u200b 42 "`` and
-    ``"¡The key is 42!"`` compare equal; ``"The key is 43"`` and ``"the key, is 42"`` do not."""
+    default-ignorable code points (Unicode's Default_Ignorable_Code_Point property: zero-width characters,
+    the combining grapheme joiner U+034F, variation selectors U+FE00–U+FE0F and U+E0100–U+E01EF, Mongolian
+    free variation selectors, Hangul fillers, tags, ...) removed, then Unicode NFKC, case-folded, format
+    characters (category Cf: BOM, soft hyphen, bidi controls) removed, whitespace runs collapsed to one
+    space, and punctuation, symbols and whitespace at both ends stripped. ``"The key is 42."``,
+    ``" the KEY is\u200b 42 "``, ``"the key\u034f is 42\ufe0f"`` and ``"¡The key is 42!"`` compare equal;
+    ``"The key is 43"`` and ``"the key, is 42"`` do not. Inserting a default-ignorable code point anywhere
+    never changes the result (they are removed before anything else; NFKC and case folding map no other
+    code point to one)."""
+    return _normalise_cf(_IGNORABLE.sub("", text))
+
+
+def _normalise_cf(text: str) -> str:
+    """`normalise_content` before it removed default-ignorable code points (format characters removed, the
+    others kept): a normalisation of `legacy_content_digests`, and the steps after that removal."""
     folded = unicodedata.normalize("NFKC", text).casefold()
     visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
     collapsed = _WS.sub(" ", visible)
@@ -101,9 +119,17 @@ def content_digest(key: bytes, text: str) -> str:
     return hmac.new(key, normalise_content(text).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def legacy_content_digest(key: bytes, text: str) -> str:
-    """The digest ledgers before this normalisation stored (NFKC, case, whitespace only)."""
-    return hmac.new(key, normalise(text).encode("utf-8"), hashlib.sha256).hexdigest()
+def legacy_content_digests(key: bytes, text: str) -> tuple[str, ...]:
+    """The HMACs earlier normalisations gave `text` (never stored for a new row; looked up with
+    `content_digest` so content deleted before an upgrade still matches): format characters removed but other
+    default-ignorable code points kept (before the Default_Ignorable_Code_Point normalisation), and NFKC, case
+    and whitespace only (before ledger schema version 3) — each of `text` as sent and of `text` with its default-ignorable code points removed,
+    so an invisible mark added to content deleted before the upgrade does not get it past the rule either.
+    Distinct, without `content_digest`'s own value; at most 3."""
+    current = normalise_content(text)
+    stripped = _IGNORABLE.sub("", text)
+    forms = dict.fromkeys(f for f in (_normalise_cf(text), normalise(text), normalise(stripped)) if f != current)
+    return tuple(hmac.new(key, f.encode("utf-8"), hashlib.sha256).hexdigest() for f in forms)
 
 
 def load_single_valued(policies_dir: Path) -> frozenset[str]:
@@ -234,7 +260,7 @@ class Provenance:
     def set_content(self, row: Row, text: str) -> Row:
         """Record `text` as `row`'s content (its HMAC, and the legacy one for matching older deletions); returns `row`."""
         row.content_hmac = self.digest(text)
-        row.content_legacy = legacy_content_digest(self.content_key, text)
+        row.content_legacy = legacy_content_digests(self.content_key, text)
         return row
 
     def new_row(self, ex: Exchange, collection: str, row_id: str, requested: dict[str, Any], text: Any,
@@ -255,7 +281,7 @@ class Provenance:
             subject=requested.get("mw_subject"), predicate=predicate, object=requested.get("mw_object"),
             single_valued=predicate in self.single_valued,
             content_hmac=self.digest(text) if isinstance(text, str) else None,
-            content_legacy=legacy_content_digest(self.content_key, text) if isinstance(text, str) else None,
+            content_legacy=legacy_content_digests(self.content_key, text) if isinstance(text, str) else (),
             extra=extra or {},
         )
 
@@ -349,7 +375,7 @@ class Provenance:
         stops a memory coming back where it was, not a text from being written by anyone."""
         assert ex.principal is not None
         p = ex.principal
-        digests = [d for r in rows for d in (r.content_hmac, r.content_legacy) if d]
+        digests = [d for r in rows for d in (r.content_hmac, *r.content_legacy) if d]
         if not digests:
             return []
         gone = [g for g in self.ledger.content_copies(self.backend, p.tenant, digests, deleted=True)
@@ -359,7 +385,7 @@ class Provenance:
         as_was = [dataclasses.replace(g, status="active") for g in gone]
         known = self.authz.decide_rows(ex, "read", as_was)
         hits = {g.content_hmac for g, d in zip(gone, known) if d.allowed}
-        flagged = [r for r in rows if r.content_hmac in hits or (r.content_legacy is not None and r.content_legacy in hits)]
+        flagged = [r for r in rows if r.content_hmac in hits or not hits.isdisjoint(r.content_legacy)]
         decisions = self.authz.decide_rows(ex, "reassert", flagged)
         return [r for r, d in zip(flagged, decisions) if not d.allowed]
 
@@ -445,7 +471,7 @@ class Provenance:
         assert ex.principal is not None
         p = ex.principal
         ids = [r.row_id for r in rows]
-        digests = [d for r in rows for d in (r.content_hmac, r.content_legacy) if d]
+        digests = [d for r in rows for d in (r.content_hmac, *r.content_legacy) if d]
         mine = {(collection, i) for i in ids}
         copies = [c for c in self.ledger.content_copies(self.backend, p.tenant, digests)
                   if (c.collection, c.row_id) not in mine] if digests else []

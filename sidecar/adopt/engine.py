@@ -38,7 +38,7 @@ from sidecar.adopt.rules import Assignment, Rules, Uncovered, _Layer
 from sidecar.adopt.targets import Found
 from sidecar.governance import Row, stamped_as
 from sidecar.ledger import Ledger, now_us
-from sidecar.provenance import content_digest
+from sidecar.provenance import content_digest, legacy_content_digests
 
 WRITER = "adopt"
 DELETED_CONTENT = "its text is deleted content of this tenant"
@@ -174,13 +174,17 @@ def _page(target: Target, rules: Rules, base: _Layer, ledger: Ledger, page: list
             created_at=found.created_at if found.created_at is not None else now_us(),
             readers=got.readers, labels=got.labels, request_id="", source=source,
             content_hmac=content_digest(key, found.text) if found.text is not None else None,
+            content_legacy=legacy_content_digests(key, found.text) if found.text is not None else (),
             extra={"cedar": cedar} if cedar else {},
         ), got))
-    digests = [r.content_hmac for _, r, _ in new if r.content_hmac]
+    # The text's digest and those of earlier normalisations (content deleted before an upgrade still matches).
+    digests = [d for _, r, _ in new if r.content_hmac for d in (r.content_hmac, *r.content_legacy)]
     gone = ledger.forgotten(rules.tenant, digests) if digests else set()
     if gone:
-        report.uncovered += [(f.row_id, DELETED_CONTENT) for f, r, _ in new if r.content_hmac in gone]
-        new = [(f, r, a) for f, r, a in new if r.content_hmac not in gone]
+        def deleted(r: Row) -> bool:
+            return r.content_hmac in gone or not gone.isdisjoint(r.content_legacy)
+        report.uncovered += [(f.row_id, DELETED_CONTENT) for f, r, _ in new if deleted(r)]
+        new = [(f, r, a) for f, r, a in new if not deleted(r)]
     if not dry_run:
         listing = sorted({(rules.tenant, *k) for f, _, _ in new for k in target.listing(f)})
         inserted = set(ledger.adopt_rows([r for _, r, _ in new], listing)) if new else set()

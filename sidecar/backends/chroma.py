@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from sidecar.backends import updates
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
@@ -38,6 +39,7 @@ from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendSer
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
+from sidecar.ledger.base import UpdateLost
 from sidecar.planner import QueryPlanner
 from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
@@ -780,6 +782,25 @@ class ChromaProfile:
                 for i in echoed:
                     split[i] = (split[i][0], without_echo(pre[i][1], split[i][1], views[ids[i]]))
         await offloop.call(self.ledger, check_existing)
+        # An update of existing rows holds their update markers until its ledger write (`sidecar.backends.updates`):
+        # another update of one of them meanwhile is 409, and this one decides on the rows as they are now.
+        existing = [i for i in dict.fromkeys(ids) if i in known]
+        if not existing:
+            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, False)
+        await updates.begin(self.ledger, self.settings, ex, BACKEND, rec.collection_id, {i: known[i] for i in existing})
+        try:
+            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, True)
+        except BaseException:
+            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, existing)
+            raise
+
+    async def _write_rows(self, ex: Exchange, rec: CollectionRecord, op: str, body: dict[str, Any], ids: list[str],
+                          metas: list[Any] | None, pre: list[Any], split: list[tuple[dict[str, Any], dict[str, Any]]],
+                          documents: list[Any], texts: list[str | None], known: dict[str, Row], new_ids: list[str],
+                          held: bool) -> tuple[int, Any]:
+        """The rest of `_write`, once the rows are decided readable (and, with `held`, this request holds the update
+        markers of the existing ones, released by its ledger write or, when it changes none, at its end)."""
+        p = self._p(ex)
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
             checks: list[tuple[str, Row, dict[str, Any] | None]] = []
@@ -870,13 +891,21 @@ class ChromaProfile:
                 def withdraw() -> None:
                     self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
                     if changed:  # updates of existing rows in this request did reach Chroma
-                        self.ledger.update_governance(changed)
+                        try:
+                            self.ledger.update_governance(changed, holder=ex.request_id if held else None)
+                        except UpdateLost:  # taken over (this update outlived its lease): the new one writes them
+                            pass
                 await offloop.call(self.ledger, withdraw)
             raise
         if changed:
             if "update-governance" in self.settings.failpoints:
                 crash()  # the new content and its stamp are in Chroma, the ledger has the old governance
-            await offloop.call(self.ledger, self.ledger.update_governance, changed)
+            if held:
+                await updates.write_governance(self.ledger, ex, changed)  # the markers released with it
+            else:
+                await offloop.call(self.ledger, self.ledger.update_governance, changed)
+        elif held:
+            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, list(known))
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 

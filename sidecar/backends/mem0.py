@@ -45,6 +45,7 @@ from typing import Any, Iterable
 
 import structlog
 
+from sidecar.backends import updates
 from sidecar.backends.base import Route, RouteTable, crash
 from sidecar.config import Settings
 from sidecar.core.echo import set_aside, without_echo
@@ -54,6 +55,7 @@ from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadReques
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
 from sidecar.ledger import Ledger, offloop
+from sidecar.ledger.base import RowVersion
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.rowsize import check_row_size, row_bytes
@@ -439,7 +441,7 @@ class Mem0Profile:
         """`row` with `text` (an event's memory) as its content; no content when Mem0 sent no text."""
         if isinstance(text, str):
             return self.prov.set_content(row, text)
-        row.content_hmac = row.content_legacy = None
+        row.content_hmac, row.content_legacy = None, ()
         return row
 
     async def _record_events(self, ex: Exchange, p: Principal, template: Row, resp: dict[str, Any],
@@ -564,7 +566,7 @@ class Mem0Profile:
         plain, requested = self._requested(p, kept)
         text = body.get("text")
 
-        def decide() -> tuple[Row, bool]:
+        def decide() -> tuple[Row, Row, bool]:
             nonlocal requested
             row = self._readable_or_404(ex, mid, include_superseded=True)
             if claimed or any(k in requested for k in WRITE_ONCE):
@@ -585,10 +587,23 @@ class Mem0Profile:
                     ex.action, ex.decision = "redistribute", "deny"
                     raise Forbidden("redistribute is not permitted")
                 self.prov.check_move(ex, [(row, new)])
-            return new, moved
+            return row, new, moved
         # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
         async with self.authz.prefetched(ex, BACKEND, self.coll, [mid]):
-            new, moved = await offloop.call(self.ledger, decide)
+            row, new, moved = await offloop.call(self.ledger, decide)
+        # One update of a memory at a time (`sidecar.backends.updates`): another one meanwhile is 409.
+        await updates.begin(self.ledger, self.settings, ex, BACKEND, self.coll, {mid: row})
+        try:
+            return await self._update_held(ex, mid, body, plain, text, new, moved)
+        except BaseException:
+            await updates.end(self.ledger, ex, BACKEND, self.coll, [mid])
+            raise
+
+    async def _update_held(self, ex: Exchange, mid: str, body: dict[str, Any], plain: dict[str, Any], text: Any,
+                           new: Row, moved: bool) -> tuple[int, Any]:
+        """The rest of `op_update`, holding the memory's update marker: Mem0's update, then the ledger's — the new
+        governance and content HMAC, and the version this update wrote into Mem0's history (`_history_event`), so that
+        its history entry is served under the governance it was written under (`op_history`)."""
         ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         # The new governance is stamped only when it changes (Mem0 merges metadata into the memory's): an update
@@ -601,11 +616,40 @@ class Mem0Profile:
                              "mw_labels": list(new.labels)})
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
-        if moved or isinstance(text, str):
-            if "update-governance" in self.settings.failpoints:
-                crash()  # the new text and its stamp are in Mem0, the ledger has the old governance
-            await offloop.call(self.ledger, self.ledger.update_governance, [new])
+        if "update-governance" in self.settings.failpoints and (moved or isinstance(text, str)):
+            crash()  # the new text and its stamp are in Mem0, the ledger has the old governance
+        # Every Mem0 update writes a history entry (a metadata-only one too): each is recorded as a version.
+        event = await self._history_event(mid, new)
+        await updates.write_governance(self.ledger, ex, [new], history={mid: event})
         return 200, result
+
+    async def _history_event(self, mid: str, new: Row) -> str | None:
+        """The id of the history entry the update of `mid` just made (this request holds its update marker): the
+        memory's newest entry (latest ``updated_at``, Mem0's microsecond time), when it is an UPDATE that no recorded
+        version names and whose new text is the memory's content now (`new`'s content HMAC). None otherwise, or when
+        Mem0 does not answer: that entry is then served only where every governance the memory had allows
+        (`op_history`)."""
+        try:
+            entries = await self._call("GET", ["memories", mid, "history"])
+            known = await offloop.call(self.ledger, self.ledger.row_versions, BACKEND, self.coll, mid)
+        except MemwardenError:
+            return None
+        if not isinstance(entries, list):
+            return None
+        timed = [e for e in entries if isinstance(e, dict) and isinstance(e.get("updated_at"), str)]
+        if not timed:
+            return None
+        latest = max(e["updated_at"] for e in timed)
+        newest = [e for e in timed if e["updated_at"] == latest]
+        if len(newest) != 1:
+            return None
+        e = newest[0]
+        recorded = {v.event_id for v in known if v.event_id}
+        if (e.get("event") != "UPDATE" or not isinstance(e.get("id"), str) or e["id"] in recorded
+                or not isinstance(e.get("new_memory"), str) or new.content_hmac is None
+                or self.prov.digest(e["new_memory"]) != new.content_hmac):
+            return None
+        return str(e["id"])
 
     # -- reads ------------------------------------------------------------------------------
     async def op_get(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -652,6 +696,8 @@ class Mem0Profile:
         # Only this memory's own live entries: a DELETE entry (is_deleted) never leaves the sidecar.
         entries = [dict(e) for e in result if isinstance(e, dict) and e.get("memory_id") == mid
                    and not e.get("is_deleted") and e.get("event") != "DELETE"]
+        # Each entry under the governance it was written under, not the memory's now (a widening does not open its past).
+        entries = await self._entries_as_written(ex, mid, row, entries)
         # A past text of this memory that is also a deleted memory's content, which the caller could
         # read, is redacted (null) — the same rule as the 409 on writes, so it is no oracle to others.
         texts = sorted({t for e in entries for t in (e.get("old_memory"), e.get("new_memory")) if isinstance(t, str)})
@@ -665,6 +711,49 @@ class Mem0Profile:
                         e[field] = None
         ex.row_ids = [mid]
         return 200, entries
+
+    async def _entries_as_written(self, ex: Exchange, mid: str, row: Row, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Those of `entries` (the memory's history, in Mem0's order) the caller may read under the governance each was
+        written under (`Ledger.row_versions`): the ADD entry under the memory's ``created`` version (the memory's
+        governance now when it has no version: never updated), an UPDATE entry under the version naming it. An entry
+        no version names (written before the ledger recorded versions, by an update that died before its ledger write,
+        or around the sidecar) is served only where every governance the memory had, and has now, allows. A served
+        entry's ``old_memory`` is shown only when it is the ``new_memory`` of an entry served to the caller (it was
+        written under the previous entry's governance); otherwise it is null."""
+        versions = await offloop.call(self.ledger, self.ledger.row_versions, BACKEND, self.coll, mid)
+
+        def as_written(v: RowVersion) -> Row:
+            return dataclasses.replace(row, fleet=v.fleet, owner=v.owner, scope=v.scope, readers=v.readers, labels=v.labels)
+
+        named = {v.event_id: as_written(v) for v in versions if v.event_id}
+        created = as_written(versions[0]) if versions and versions[0].kind == "created" else None
+        every = [as_written(v) for v in versions] + [row]
+
+        def governance(e: dict[str, Any]) -> list[Row]:
+            if not versions:
+                return [row]
+            if e.get("event") == "ADD" and created is not None:
+                return [created]
+            hit = named.get(e.get("id")) if isinstance(e.get("id"), str) else None
+            return [hit] if hit is not None else every
+
+        wanted = [governance(e) for e in entries]
+        distinct: dict[tuple[Any, ...], Row] = {}
+        for rows in wanted:
+            for r in rows:
+                distinct.setdefault((r.fleet, r.owner, r.scope, r.readers, r.labels), r)
+        keys = list(distinct)
+        # One Memory entity per governance: each its own uid (``<id>@<n>``), so one entity store holds them all.
+        asked = [dataclasses.replace(distinct[k], row_id=f"{mid}@{n}") for n, k in enumerate(keys)]
+        decisions = await offloop.call(self.ledger, self.authz.decide_rows, ex, "read", asked)
+        allowed = {k for k, d in zip(keys, decisions) if d.allowed}
+        served = [e for e, rows in zip(entries, wanted)
+                  if all((r.fleet, r.owner, r.scope, r.readers, r.labels) in allowed for r in rows)]
+        shown = {e.get("new_memory") for e in served if isinstance(e.get("new_memory"), str)}
+        for e in served:
+            if isinstance(e.get("old_memory"), str) and e["old_memory"] not in shown:
+                e["old_memory"] = None
+        return served
 
     def _results(self, ex: Exchange, resp: Any, *, strict: bool = False) -> list[dict[str, Any]]:
         """The memories of a Mem0 list/search answer. A malformed answer is 502; a malformed memory in

@@ -28,7 +28,7 @@ from sidecar.erase import chroma, mem0
 from sidecar.erase.base import EraseError, Purge
 from sidecar.erase.scan import CANNOT_SEE, Found, ScanResult
 from sidecar.erase.scan import scan as scan_paths
-from sidecar.provenance import content_digest, legacy_content_digest
+from sidecar.provenance import content_digest, legacy_content_digests
 
 __all__ = ["BACKENDS", "EraseError", "Purge", "TextReport", "VerifyReport", "match_ledger", "verify"]
 
@@ -79,15 +79,15 @@ class VerifyReport:
 
 def match_ledger(ledger: Any, backend: str, texts: list[str], tenants: list[str] | None = None) -> list[TextReport]:
     """For each text, the ledger's rows of `backend` whose content digest (`content_digest`, and the earlier
-    `legacy_content_digest`) is the text's: tombstoned ones (named, up to `MAX_ROW_IDS`) and live ones
+    `legacy_content_digests`) is the text's: tombstoned ones (named, up to `MAX_ROW_IDS`) and live ones
     (counted). `tenants` defaults to every tenant the ledger has keys for. The match is up to the content
-    normalisation (case, width, spacing, format characters); the scan that follows looks for exact bytes."""
+    normalisation (case, width, spacing, format and other default-ignorable characters); the scan that follows looks for exact bytes."""
     key = ledger.content_key()
     if tenants is None:
         tenants = sorted({k.tenant for k in ledger.list_keys() if k.tenant})
     out = []
     for n, text in enumerate(texts, 1):
-        digests = list(dict.fromkeys([content_digest(key, text), legacy_content_digest(key, text)]))
+        digests = [content_digest(key, text), *legacy_content_digests(key, text)]
         report = TextReport(n)
         for tenant in tenants:
             gone = ledger.content_copies(backend, tenant, digests, deleted=True)

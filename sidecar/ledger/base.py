@@ -56,6 +56,43 @@ def parse_key(plaintext: str) -> tuple[str, str] | None:
     return key_id, secret
 
 
+# How long an update's marker (`Ledger.begin_update`) excludes other updates of its rows, seconds: an update holds
+# it from before its ledger read to after its ledger write; a marker older than this (left by an update whose
+# process died) may be taken over. The sidecar's ``UPDATE_LEASE_S`` setting.
+UPDATE_LEASE_S = 30.0
+
+
+class UpdateLost(Exception):
+    """`Ledger.update_governance` with `holder`: an update marker of one of the rows is no longer the holder's (the
+    update outlived its lease and another update took the row over). Nothing was written; `row_ids` are the rows."""
+
+    def __init__(self, row_ids: list[str]) -> None:
+        super().__init__(f"the update markers of {len(row_ids)} rows were taken over")
+        self.row_ids = row_ids
+
+
+@dataclass(frozen=True, slots=True)
+class RowVersion:
+    """The governance one version of a row was written under (ledger schema version 9; `Ledger.row_versions`), for a
+    backend that keeps a row's past versions (Mem0's history). `kind`: ``created`` — the governance the row was
+    created with (its backend's creation event); ``baseline`` — the governance it had when the ledger was migrated to
+    version 9 (it matches no event: what was written before is not known); ``update`` — an update through the
+    sidecar, `event_id` being the backend's id of the history event it wrote, or None when not known. `version`
+    counts from 0 per row; times are UTC µs."""
+
+    version: int
+    kind: str
+    event_id: str | None
+    tenant: str
+    fleet: str
+    owner: str
+    scope: str
+    readers: tuple[str, ...]
+    labels: tuple[str, ...]
+    written_at: int
+    request_id: str
+
+
 class StaleFact(Exception):
     """`Ledger.activate_rows` with `expect`: the active fact a row would supersede is not the one the
     caller expected (another write replaced it since). Nothing was activated; `row_id` is the row and
@@ -190,7 +227,27 @@ class Ledger(Protocol):
     def release_rows(self, backend: str, collection_id: str, row_ids: list[str]) -> None: ...
     def adopt_rows(self, rows: list[Row], listing: list[tuple[str, str, str]] | None = None) -> list[str]: ...
     def listing_keys(self, backend: str, collection_id: str, tenant: str) -> list[tuple[str, str]]: ...
-    def update_governance(self, rows: list[Row]) -> None: ...
+    def update_governance(self, rows: list[Row], *, holder: str | None = None,
+                          history: Mapping[str, str | None] | None = None) -> None:
+        """Persist scope, fleet, readers, labels and content HMAC of existing `rows`, in one transaction. With
+        `holder` (a request id): every row's update marker (`begin_update`) must be the holder's, else `UpdateLost`
+        and nothing is written; then every marker the holder has in those collections is released. With `history`
+        (row id → the backend's history event id of this update, or None): each named row's version is recorded
+        (`row_versions`; its governance before the update first, as version 0 ``created``, when it has none)."""
+        ...
+    # per-row update markers and row versions (schema version 9)
+    def begin_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str,
+                     lease_s: float = UPDATE_LEASE_S) -> list[str]:
+        """Take the update marker of every one of `row_ids` for `request_id` (with the time it is taken), in one
+        transaction: all or none. Returns [] when taken, else the ids (sorted) another request's marker younger than
+        `lease_s` seconds holds, and takes none. An older marker (its update died) is taken over."""
+        ...
+    def end_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str) -> None:
+        """Release the markers of `row_ids` that `request_id` holds (others' are left alone)."""
+        ...
+    def row_versions(self, backend: str, collection_id: str, row_id: str) -> list[RowVersion]:
+        """The recorded versions of a row (`RowVersion`), oldest first; [] when none is recorded. Read now."""
+        ...
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
                   closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]: ...
     def reset(self, backend: str, collection_id: str | None, by: str, request_id: str) -> int: ...

@@ -45,6 +45,8 @@ READ_ONLY = frozenset({
     "content_copies", "active_fact", "forgotten", "content_key", "lineage", "backend_deleted_tombstones",
     "pending_tombstones", "ping", "visibility_counts", "visible_row_ids", "visible_owners", "visible_row_ids_of", "pool_stats", "schema_version", "data_version",
     "last_backend_delete", "cache_version", "close", "listing_keys", "collection_intent", "refresh_statistics",
+    # the versions of a row (`row_versions`, Mem0 history): never cached
+    "row_versions",
     # the asynchronous hot-path reads (`sidecar.ledger.offloop`): never cached, they read rows and keys now
     "read_rows_async", "read_rows", "visible_rows_async", "visible_rows", "key_valid", "open_async", "aclose", "cached_collection",
 })

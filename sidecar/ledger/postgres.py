@@ -42,7 +42,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.errors import LedgerOpenError
-from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, check_key_request, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import (UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord, RowVersion, check_key_request,
+                                 hash_secret, new_key_secret, now_us, parse_key)
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
@@ -52,7 +53,15 @@ from sidecar.ledger.sqlite import (
     MIGRATION_6_LISTING_KEYS,
     MIGRATION_7_COLLECTION_INTENTS,
     MIGRATION_8_VISIBILITY,
+    MIGRATION_9_UPDATES,
+    _ROW_VERSIONS_SQL,
+    _Busy,
     _activate,
+    _before_update,
+    _begin_update,
+    _end_update,
+    _release_holder,
+    _version_from_db,
     _intent_from_db,
     _intent_to_db,
     _fact_query,
@@ -123,6 +132,8 @@ MIGRATIONS: list[str] = [
     MIGRATION_7_COLLECTION_INTENTS.replace("created_at INTEGER", "created_at BIGINT"),
     # Version 8: the visibility filter's rows by index (`visible_row_ids`).
     MIGRATION_8_VISIBILITY,
+    # Version 9: per-row update markers and row versions (BIGINT times).
+    MIGRATION_9_UPDATES.replace("started_at INTEGER", "started_at BIGINT").replace("written_at INTEGER", "written_at BIGINT"),
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -1024,12 +1035,14 @@ class PostgresLedger:
                 (backend, collection_id, list(row_ids)),
             )
 
-    def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet, readers, labels and content HMAC of existing rows."""
+    def update_governance(self, rows: list[Row], *, holder: str | None = None,
+                          history: Mapping[str, str | None] | None = None) -> None:
+        """Persist scope, fleet, readers, labels and content HMAC of existing rows (as `SQLiteLedger.update_governance`)."""
         if not rows:
             return
         t = now_us()
         with self._tx() as db:
+            _before_update(db, "%s", rows, t, holder, history)
             db.cursor().executemany(
                 "UPDATE rows SET scope = %s, fleet = %s, readers = %s, labels = %s, content_hmac = %s, fact_partition = %s, "
                 "updated_at = %s WHERE backend = %s AND collection_id = %s AND row_id = %s",
@@ -1037,6 +1050,29 @@ class PostgresLedger:
                   fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id)
                  for row in rows],
             )
+            _release_holder(db, "%s", rows, holder)
+
+    def begin_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str,
+                     lease_s: float = UPDATE_LEASE_S) -> list[str]:
+        """`Ledger.begin_update`: all markers or none, in one transaction; a concurrent taker of a row waits on its
+        unique index for this one and then sees its marker (``INSERT … ON CONFLICT DO UPDATE … WHERE``)."""
+        try:
+            with self._tx() as db:
+                _begin_update(db, "%s", backend, collection_id, row_ids, request_id, now_us(), int(lease_s * 1_000_000))
+        except _Busy as busy:
+            return busy.row_ids
+        return []
+
+    def end_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str) -> None:
+        """`Ledger.end_update`."""
+        with self._tx() as db:
+            _end_update(db, "%s", backend, collection_id, row_ids, request_id)
+
+    def row_versions(self, backend: str, collection_id: str, row_id: str) -> list[RowVersion]:
+        """`Ledger.row_versions`."""
+        with self._conn() as db:
+            rows = db.execute(_ROW_VERSIONS_SQL.replace("?", "%s"), (backend, collection_id, row_id)).fetchall()
+        return [_version_from_db(r) for r in rows]
 
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
                   closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:

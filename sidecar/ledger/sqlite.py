@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 from sidecar.core.visibility import Visibility, sql_branches
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
-from sidecar.ledger.base import CollectionIntent, CollectionRecord, KeyRecord, StaleFact, check_key_request, hash_secret, new_key_secret, now_us, parse_key
+from sidecar.ledger.base import (UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord, RowVersion, StaleFact, UpdateLost,
+                                 check_key_request, hash_secret, new_key_secret, now_us, parse_key)
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
 # (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
@@ -114,6 +115,28 @@ MIGRATION_8_VISIBILITY = """
     CREATE INDEX rows_visible_fleet ON rows (backend, collection_id, fleet, tenant, status, row_id) WHERE scope = 'fleet';
     CREATE INDEX rows_visible_restricted ON rows (backend, collection_id, tenant, status, row_id) WHERE scope = 'restricted';
 """
+# Version 9: per-row update markers (`begin_update`: one update of a row at a time) and the governance each version
+# of a row was written under (`row_versions`: Mem0's history entries are each served under their own). Existing Mem0
+# rows get a ``baseline`` version, the governance they have now, which matches none of their past history events
+# (what those were written under is not known, so they are served only where every known governance allows).
+MIGRATION_9_UPDATES = """
+    CREATE TABLE row_updates (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, row_id TEXT NOT NULL,
+        request_id TEXT NOT NULL, started_at INTEGER NOT NULL,
+        PRIMARY KEY (backend, collection_id, row_id)
+    );
+    CREATE TABLE row_versions (
+        backend TEXT NOT NULL, collection_id TEXT NOT NULL, row_id TEXT NOT NULL, version INTEGER NOT NULL,
+        kind TEXT NOT NULL, event_id TEXT, tenant TEXT NOT NULL, fleet TEXT NOT NULL, owner TEXT NOT NULL,
+        scope TEXT NOT NULL, readers TEXT NOT NULL, labels TEXT NOT NULL, written_at INTEGER NOT NULL,
+        request_id TEXT NOT NULL,
+        PRIMARY KEY (backend, collection_id, row_id, version)
+    );
+    INSERT INTO row_versions (backend, collection_id, row_id, version, kind, event_id, tenant, fleet, owner, scope,
+                              readers, labels, written_at, request_id)
+        SELECT backend, collection_id, row_id, 0, 'baseline', NULL, tenant, fleet, owner, scope, readers, labels,
+               updated_at, request_id FROM rows WHERE backend = 'mem0' AND status IN ('active', 'superseded')
+"""
 SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -156,6 +179,7 @@ MIGRATIONS: list[str] = [
     MIGRATION_6_LISTING_KEYS,
     MIGRATION_7_COLLECTION_INTENTS,
     MIGRATION_8_VISIBILITY,
+    MIGRATION_9_UPDATES,
 ]
 
 def _intent_to_db(i: CollectionIntent) -> tuple[Any, ...]:
@@ -632,10 +656,13 @@ class SQLiteLedger:
                     f"AND row_id IN ({','.join('?' * len(chunk))})", (backend, collection_id, *chunk),
                 )
 
-    def update_governance(self, rows: list[Row]) -> None:
-        """Persist scope, fleet, readers, labels and content HMAC of existing rows."""
+    def update_governance(self, rows: list[Row], *, holder: str | None = None,
+                          history: Mapping[str, str | None] | None = None) -> None:
+        """Persist scope, fleet, readers, labels and content HMAC of existing rows (`Ledger.update_governance`:
+        `holder` must hold their update markers, which are then released; `history` records their versions)."""
         t = now_us()
         with self._tx() as db:
+            _before_update(db, "?", rows, t, holder, history)
             for row in rows:
                 db.execute(
                     "UPDATE rows SET scope = ?, fleet = ?, readers = ?, labels = ?, content_hmac = ?, fact_partition = ?, "
@@ -643,6 +670,28 @@ class SQLiteLedger:
                     (row.scope, row.fleet, json.dumps(list(row.readers)), json.dumps(list(row.labels)), row.content_hmac,
                      fact_partition(row) if row.single_valued else None, t, row.backend, row.collection, row.row_id),
                 )
+            _release_holder(db, "?", rows, holder)
+
+    def begin_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str,
+                     lease_s: float = UPDATE_LEASE_S) -> list[str]:
+        """`Ledger.begin_update`: all markers or none, in one transaction (``BEGIN IMMEDIATE``: one writer at a time)."""
+        try:
+            with self._tx() as db:
+                _begin_update(db, "?", backend, collection_id, row_ids, request_id, now_us(), int(lease_s * 1_000_000))
+        except _Busy as busy:
+            return busy.row_ids
+        return []
+
+    def end_update(self, backend: str, collection_id: str, row_ids: list[str], request_id: str) -> None:
+        """`Ledger.end_update`."""
+        with self._tx() as db:
+            _end_update(db, "?", backend, collection_id, row_ids, request_id)
+
+    def row_versions(self, backend: str, collection_id: str, row_id: str) -> list[RowVersion]:
+        """`Ledger.row_versions`."""
+        with self._lock:
+            rows = self._db.execute(_ROW_VERSIONS_SQL, (backend, collection_id, row_id)).fetchall()
+        return [_version_from_db(r) for r in rows]
 
     def tombstone(self, backend: str, collection_id: str, row_ids: list[str], by: str, request_id: str,
                   closure: str = "cascade", also: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
@@ -868,6 +917,105 @@ def _fact_query(backend: str, tenant: str, subject: str, predicate: str, collect
     if partition is not None:
         sql, args = sql + " AND fact_partition = ?", [*args, partition]
     return sql + " ORDER BY created_at DESC, row_id LIMIT 1", tuple(args)
+
+
+class _Busy(Exception):
+    """`_begin_update`: rows another update holds (the transaction is rolled back: no marker is taken)."""
+
+    def __init__(self, row_ids: list[str]) -> None:
+        super().__init__(row_ids)
+        self.row_ids = row_ids
+
+
+def _begin_update(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str], request_id: str, now: int,
+                  lease_us: int) -> None:
+    """`begin_update` of the SQLite and PostgreSQL ledgers, inside the caller's transaction: one upsert per chunk of
+    ids that takes a row's marker when there is none, when it is `request_id`'s, or when it is older than `lease_us`
+    (an update that died). Raises `_Busy` with the ids it could not take; the caller rolls back. On PostgreSQL a
+    concurrent taker of the same row waits on the row's unique index for this transaction, then sees its marker."""
+    ids = sorted(set(row_ids))
+    taken: set[str] = set()
+    for chunk in _chunks(ids):
+        sql = ("INSERT INTO row_updates (backend, collection_id, row_id, request_id, started_at) VALUES "
+               + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+               + " ON CONFLICT (backend, collection_id, row_id) DO UPDATE SET request_id = excluded.request_id, "
+               "started_at = excluded.started_at WHERE row_updates.started_at <= ? OR row_updates.request_id = excluded.request_id "
+               "RETURNING row_id")
+        args = [a for i in chunk for a in (backend, collection_id, i, request_id, now)] + [now - lease_us]
+        taken.update(r["row_id"] for r in db.execute(sql.replace("?", ph), tuple(args)).fetchall())
+    busy = [i for i in ids if i not in taken]
+    if busy:
+        raise _Busy(busy)
+
+
+def _end_update(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str], request_id: str) -> None:
+    for chunk in _chunks(sorted(set(row_ids))):
+        db.execute((f"DELETE FROM row_updates WHERE backend = ? AND collection_id = ? AND request_id = ? "
+                    f"AND row_id IN ({','.join('?' * len(chunk))})").replace("?", ph),
+                   (backend, collection_id, request_id, *chunk))
+
+
+def _before_update(db: Any, ph: str, rows: list[Row], t: int, holder: str | None,
+                   history: Mapping[str, str | None] | None) -> None:
+    """The part of `update_governance` before the rows are written, inside its transaction: with `holder`, every
+    row's marker must be the holder's (else `UpdateLost`, and the caller's transaction is rolled back); with
+    `history`, each named row's new version is recorded — its governance before this update first, as version 0
+    ``created``, when the row has no version yet."""
+    def q(sql: str, args: tuple[Any, ...]) -> Any:
+        return db.execute(sql.replace("?", ph), args)
+
+    if holder is not None:
+        lost = []
+        for (backend, collection_id), ids in _by_collection(rows).items():
+            held = {r["row_id"] for chunk in _chunks(ids) for r in q(
+                f"SELECT row_id FROM row_updates WHERE backend = ? AND collection_id = ? AND request_id = ? "
+                f"AND row_id IN ({','.join('?' * len(chunk))})", (backend, collection_id, holder, *chunk)).fetchall()}
+            lost += [i for i in ids if i not in held]
+        if lost:
+            raise UpdateLost(lost)
+    for row in rows:
+        if history is None or row.row_id not in history:
+            continue
+        key = (row.backend, row.collection, row.row_id)
+        last = q("SELECT MAX(version) AS v FROM row_versions WHERE backend = ? AND collection_id = ? AND row_id = ?",
+                 key).fetchone()["v"]
+        if last is None:
+            q("INSERT INTO row_versions (backend, collection_id, row_id, version, kind, event_id, tenant, fleet, owner, "
+              "scope, readers, labels, written_at, request_id) SELECT backend, collection_id, row_id, 0, 'created', NULL, "
+              "tenant, fleet, owner, scope, readers, labels, updated_at, request_id FROM rows "
+              "WHERE backend = ? AND collection_id = ? AND row_id = ?", key)
+            last = 0
+        q("INSERT INTO row_versions (backend, collection_id, row_id, version, kind, event_id, tenant, fleet, owner, "
+          "scope, readers, labels, written_at, request_id) VALUES (?, ?, ?, ?, 'update', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+          (*key, int(last) + 1, history[row.row_id], row.tenant, row.fleet, row.owner, row.scope,
+           json.dumps(list(row.readers)), json.dumps(list(row.labels)), t, holder or ""))
+
+
+def _release_holder(db: Any, ph: str, rows: list[Row], holder: str | None) -> None:
+    """The end of `update_governance` with `holder`: every marker the holder has in the rows' collections released."""
+    if holder is None:
+        return
+    for backend, collection_id in _by_collection(rows):
+        db.execute("DELETE FROM row_updates WHERE backend = ? AND collection_id = ? AND request_id = ?".replace("?", ph),
+                   (backend, collection_id, holder))
+
+
+def _by_collection(rows: list[Row]) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        ids = out.setdefault((row.backend, row.collection), [])
+        if row.row_id not in ids:
+            ids.append(row.row_id)
+    return out
+
+
+_ROW_VERSIONS_SQL = ("SELECT version, kind, event_id, tenant, fleet, owner, scope, readers, labels, written_at, request_id "
+                     "FROM row_versions WHERE backend = ? AND collection_id = ? AND row_id = ? ORDER BY version")
+
+
+def _version_from_db(r: Any) -> RowVersion:
+    return RowVersion(int(r["version"]), r["kind"], r["event_id"], r["tenant"], r["fleet"], r["owner"], r["scope"],
+                      _names(r["readers"]), _names(r["labels"]), int(r["written_at"]), r["request_id"])
 
 
 def _activate(db: Any, ph: str, backend: str, collection_id: str, row_ids: list[str],

@@ -130,3 +130,17 @@ def change_outcome(tenant: str, principal: str, action: str) -> dict[str, str]:
     if action == "update":
         allowed &= readable
     return {s: "ok" if s in allowed else "forbidden" if s in readable else "not_found" for s in SEED_IDS}
+
+
+def rewrite_refused(tenant: str, principal: str, writer: str, scope: str) -> bool:
+    """The forgotten-content rule: whether `principal`'s write of the text of a deleted row (written by `writer`
+    with `scope`, in `writer`'s fleet) is refused with 409 — when cedarpy lets it read that row as it was (active)
+    and it is of the row's lineage (its owner, an agent of its fleet, the tenant admin), and no policy lets it
+    ``reassert`` the row. Only for principals that may write a new row of their own (`write_oracle`)."""
+    if principal == "admin":
+        return True
+    entities = _entities(tenant) + [_row(tenant, "gone", writer, scope, None, ())]
+    requests = [{"principal": _principal(tenant, principal), "action": {"type": "Action", "id": action},
+                 "resource": {"type": "Memory", "id": "gone"}, "context": {}} for action in ("read", "reassert")]
+    read, reassert = _allowed(requests, entities)
+    return read and not reassert and (principal == writer or FLEET[principal] == FLEET[writer])

@@ -137,6 +137,14 @@ class ChromaDriver:
         assert r.status_code == 200 and r.json()["ids"] == [w.ids[name]], r.text
         return str(r.json()["documents"][0])
 
+    def add_text(self, w: World, who: str, name: str, text: str, requested: dict[str, Any]) -> httpx.Response:
+        """Add one row with document `text` as `who`; on 200 it is known as `name` (`World.ids`)."""
+        r = self._post(w, who, "add", {"ids": [name], "embeddings": [EMB["r1-agent"]], "documents": [text],
+                                       "metadatas": [{"topic": "gamma", **requested}]})
+        if r.status_code == 200:
+            w.ids[name] = name
+        return r
+
     def in_backend(self, w: World, name: str) -> bool:
         direct = self.stack.direct(w.tenant).get_collection("mem")
         return bool(direct.get(ids=[w.ids[name]])["ids"])
@@ -250,6 +258,13 @@ class Mem0Driver:
             r = h.get(f"/memories/{w.ids[name]}")
         assert r.status_code == 200, r.text
         return str(r.json()["memory"])
+
+    def add_text(self, w: World, who: str, name: str, text: str, requested: dict[str, Any]) -> httpx.Response:
+        """Add one memory with content `text` as `who` (infer=false); on 200 it is known as `name` (`World.ids`)."""
+        r = self._write(w, who, text, "gamma", requested)
+        if r.status_code == 200:
+            w.ids[name] = str(r.json()["results"][0]["id"])
+        return r
 
     def in_backend(self, w: World, name: str) -> bool:
         with self.stack.direct() as d:

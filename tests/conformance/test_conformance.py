@@ -15,12 +15,13 @@ status map), so the backends cannot drift apart again:
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Iterator
 
 import pytest
 
 from tests.conformance.corpus import (PRINCIPALS, SEED_IDS, SEEDS, UNGOVERNED, WRITES, change_outcome, oracle,
-                                      write_oracle)
+                                      rewrite_refused, write_oracle)
 from tests.conformance.drivers import ChromaDriver, Mem0Driver, World
 
 pytestmark = pytest.mark.integration
@@ -154,3 +155,28 @@ def test_a_row_over_the_row_limit_is_413_and_changes_nothing(driver: Any, world:
     assert driver.text(world, "r1", "r1-tenant") != text
     # at the limit itself: written
     assert driver.write_text(world, "r1", "y" * (MAX_ROW_BYTES - 100)).status_code == 200
+
+
+# Code points a renderer shows as nothing (Unicode's Default_Ignorable_Code_Point) that are not format characters
+# (category Cf), which the normalisation removed before: combining grapheme joiner, variation selector-16, Mongolian
+# free variation selector one, Hangul filler, a variation selector supplement, a tag.
+INVISIBLE = ("\u034f", "\ufe0f", "\u180b", "\u3164", "\U000e0100", "\U000e0041")
+
+
+def test_deleted_content_stays_deleted_whatever_invisible_marks_are_added(driver: Any) -> None:
+    """Issue 34, finding 9: a fleet mate re-added a deleted text with U+034F, U+FE0F or U+180B in it, on both
+    backends. Who is refused is the forgotten-content rule over cedarpy (`corpus.rewrite_refused`); every spelling
+    of the text with default-ignorable code points inserted is the same text."""
+    world = driver.world("ign")
+    text = f"the offsite is in lisbon on the 14th {uuid.uuid4().hex[:6]}"
+    assert driver.add_text(world, "r1", "ign-orig", text, {"mw_scope": "fleet"}).status_code == 200
+    assert driver.delete(world, "r1", "ign-orig").status_code == 200
+    words = text.split(" ")
+    writers = [a for a, ok in ((a, write_oracle(world.tenant, a)[1]) for a in PRINCIPALS) if ok]
+    refused = {a for a in writers if rewrite_refused(world.tenant, a, "r1", "fleet")}
+    assert {"r1", "r2"} <= refused and set(writers) - refused  # fleet mates refused, another fleet not
+    for who in writers:
+        for n, mark in enumerate(INVISIBLE):
+            spelt = " ".join(w[:1] + mark + w[1:] if i == n % len(words) else w for i, w in enumerate(words)) + mark
+            r = driver.add_text(world, who, f"ign-{who}-{n}", spelt, {})
+            assert r.status_code == (409 if who in refused else 200), (who, repr(spelt), r.text)

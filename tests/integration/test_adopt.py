@@ -236,6 +236,27 @@ def test_tombstoned_rows_and_deleted_content_never_come_back(stack: Stack, world
     assert admin.get(ids=[ids[0], "copy"])["ids"] == []
 
 
+def test_deleted_content_with_invisible_marks_is_not_adopted(stack: Stack, world: Tenant, tmp_path: Path) -> None:
+    """Issue 34, finding 9: a deleted text written back around the sidecar with a default-ignorable code point in
+    it (U+034F, U+FE0F, U+180B: not format characters, which the normalisation removed before) was adopted."""
+    ids = write_legacy(stack, world, "forget-marks")
+    rules = tmp_path / "rules.toml"
+    rules.write_text(rules_text(world.name, "forget-marks"))
+    adopt(stack, rules)
+    stack.client(world.keys["r1"], world.name).get_collection("forget-marks").delete(ids=[ids[0]])  # "legacy note 0"
+    direct = stack.direct(world.name).get_collection("forget-marks")
+    marked = {"cgj": "legacy\u034f note 0", "vs16": "legacy note 0\ufe0f", "fvs1": "leg\u180bacy note\u180b 0",
+              "plain": "legacy note 00"}
+    direct.add(ids=list(marked), embeddings=unit_vectors(len(marked), seed=4), documents=list(marked.values()),
+               metadatas=[{"author": "r1"}] * len(marked))
+    rep = adopt(stack, rules)
+    assert rep["adopted"] == 1, rep  # only the other text
+    for name in ("cgj", "vs16", "fvs1"):
+        assert {"id": name, "reason": "its text is deleted content of this tenant"} in rep["uncovered"], rep
+    r1 = stack.client(world.keys["r1"], world.name).get_collection("forget-marks")
+    assert r1.get(ids=list(marked))["ids"] == ["plain"]
+
+
 def test_kill_9_half_way_then_rerun_ends_as_an_uninterrupted_run(stack: Stack, world: Tenant, tmp_path: Path) -> None:
     ids = write_legacy(stack, world, "whole")
     write_legacy(stack, world, "crashed")

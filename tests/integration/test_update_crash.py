@@ -67,10 +67,14 @@ def test_an_update_killed_between_chroma_and_the_ledger_never_serves_its_content
         ledger = stack.ledger()
         try:
             assert ledger.get_rows("chroma", t.collection_id, ["u"])["u"].scope == "fleet"
+            # the dead update's marker is still there: another update of the row is refused until it is older than
+            # UPDATE_LEASE_S (1 s in the restarted sidecar, so the owner's update below takes it over)
+            assert ledger.begin_update("chroma", t.collection_id, ["u"], "probe", lease_s=3600) == ["u"]
         finally:
             ledger.close()
 
-        side = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES)  # restarted, no failpoint
+        side = start_sidecar(chroma.url, tmp_path / "ledger.db", POLICIES,  # restarted, no failpoint
+                             extra_env={"MEMWARDEN_UPDATE_LEASE_S": "1"})
         stack = Stack(chroma, side, tmp_path / "ledger.db")
         for key in (peer, owner):  # the ledger says fleet (the peer's), the content is the owner's alone
             with stack.http(key) as http:

@@ -6,8 +6,8 @@ trust 1), boss (blue, trust 3), r0 (red, trust 0); the tenant admin key; an agen
 
 - write: a row with a random scope (agent/fleet/tenant/restricted), sometimes re-homed to the other fleet;
 - derived write: a row naming 1-2 parents (any status, or an id that never existed);
-- copy: a row whose text is an existing row's text (verbatim, upper-cased, re-spaced, or with a zero-width
-  space in front and a full stop after), live or deleted;
+- copy: a row whose text is an existing row's text (verbatim, upper-cased, re-spaced, with a zero-width
+  space in front and a full stop after, or between default-ignorable marks), live or deleted;
 - triple write: subject x predicate from a small set, in any scope; two predicates are single-valued
   (policies/single_valued.txt) and one is not; a single-valued fact is single-valued within its
   visibility partition (agent: its owner; fleet: its fleet; tenant; restricted: owner and readers);
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
 import httpx
+import regex
 import pytest
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
@@ -88,8 +89,9 @@ PREDICATES = (*SV_PREDICATES, MULTI_PREDICATE)
 
 
 def normalise(text: str) -> str:
-    """README: content is compared after NFKC, case folding, removing format characters (zero-width),
-    collapsing whitespace and stripping punctuation and symbols at the edges."""
+    """README: content is compared after removing default-ignorable code points, NFKC, case folding, removing
+    format characters (zero-width), collapsing whitespace and stripping punctuation and symbols at the edges."""
+    text = regex.sub(r"\p{Default_Ignorable_Code_Point}", "", text)
     folded = "".join(c for c in unicodedata.normalize("NFKC", text).casefold() if unicodedata.category(c) != "Cf")
     words = " ".join(folded.split())
     edge = lambda c: c.isspace() or unicodedata.category(c)[0] in "PS"  # noqa: E731
@@ -731,14 +733,14 @@ class MemoryMachine(RuleBasedStateMachine):
         self._write("derived", who, self._new_row(who, scope, parents=parents))
 
     @precondition(lambda self: self.model.rows)
-    @rule(scope=st.sampled_from(SCOPES), variant=st.sampled_from(("same", "upper", "spaced", "marked")), data=st.data())
+    @rule(scope=st.sampled_from(SCOPES), variant=st.sampled_from(("same", "upper", "spaced", "marked", "invisible")), data=st.data())
     def copy_write(self, scope: str, variant: str, data: st.DataObject) -> None:
         deleted = [i for i, r in self.model.rows.items() if r.status == "deleted"]
         source = self.model.rows[self._pick(data, deleted, list(self.model.rows))]
         who = self._principal(data, source.owner)
         text = {"same": source.text, "upper": source.text.upper(),
                 "spaced": "  " + source.text.replace(" ", "   ") + "\t",
-                "marked": "\u200b" + source.text + "."}[variant]
+                "marked": "\u200b" + source.text + ".", "invisible": "\u034f" + source.text + "\ufe0f\u180b"}[variant]
         self._write("copy" if source.live else "copy-of-deleted", who, self._new_row(who, scope, text=text, token=source.token))
 
     @rule(scope=st.sampled_from(("fleet", "tenant", "agent")), subject=st.sampled_from(SUBJECTS),

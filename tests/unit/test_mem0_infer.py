@@ -218,5 +218,5 @@ def test_mem0_labels_are_stamped_and_a_change_is_redistribute(tmp_path: Path) ->
     assert r.status_code == 200, r.text                     # the content is updatable; the labels stay
     r = client.put("/memories/h1", headers={"X-API-Key": keeper}, json={"metadata": {"mw_labels": "finance"}})
     assert r.status_code == 200, r.text
-    assert json.loads(sent[-1].content)["metadata"]["mw_labels"] == ["finance"]
+    assert json.loads([q for q in sent if q.method == "PUT"][-1].content)["metadata"]["mw_labels"] == ["finance"]
     assert ledger.get_rows("mem0", "default", ["h1"])["h1"].labels == ("finance",)

@@ -252,7 +252,8 @@ def test_chroma_an_update_keeping_governance_leaves_another_updates_stamp(make_l
     """U1 rewrites x's text and narrows it to its owner; between U1's Chroma write and its ledger write, U2 (plain
     metadata or text only, decided on the ledger's fleet scope) runs whole. U2 must not stamp the fleet scope over
     U1's stamp: the fleet reader would be served U1's text meanwhile, and after U1's ledger write x would be withheld
-    from everyone. U2 leaves the stamp alone, so its write commutes with U1's."""
+    from everyone. U2 now finds U1's update marker and is 409, changing nothing (issue 34, finding 11; before the
+    marker it left the stamp alone, so its write commuted with U1's)."""
     ledger = make_ledger()
     ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     _, owner = ledger.create_key("agent", "t", "blue", "w", 1)
@@ -288,8 +289,9 @@ def test_chroma_an_update_keeping_governance_leaves_another_updates_stamp(make_l
         async with app.router.lifespan_context(app):
             await run()
     asyncio.run(main())
-    assert seen["u2"].status_code == 200, seen["u2"].text
+    assert seen["u2"].status_code == 409 and "in progress" in seen["u2"].text, seen["u2"].text
     assert store.rows["x"]["metadatas"]["mw_scope"] == "agent"  # U1's stamp stands
+    assert store.rows["x"]["documents"] == NEW and "u2" not in str(store.rows["x"])  # U2 changed nothing
     assert seen["meanwhile"].json()["ids"] == [] and NEW not in seen["meanwhile"].text
     assert seen["reader"].json()["ids"] == []  # the owner's alone now
     assert seen["owner"].json()["ids"] == ["x"]  # and not withheld from its owner

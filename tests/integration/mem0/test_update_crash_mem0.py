@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from sidecar.harness import Server, start_sidecar
+from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import Mem0Stack, sidecar_env
 
@@ -40,8 +41,15 @@ def test_a_mem0_update_killed_between_mem0_and_the_ledger_never_serves_its_text(
     with stack.direct() as d:
         held = d.get(f"/memories/{mid}").json()
         assert held["memory"] == SECRET and held["metadata"]["mw_scope"] == "agent"  # the crash window
+    # the dead update's marker is still there: another update of the memory is refused until it is older than
+    # UPDATE_LEASE_S (the restarted sidecar's lease is 1 s, so the owner's update below takes it over)
+    led = SQLiteLedger(ledger)
+    try:
+        assert led.begin_update("mem0", "default", [mid], "probe", lease_s=3600) == [mid]
+    finally:
+        led.close()
 
-    side = start_sidecar(mem0_server.url, ledger, POLICIES, extra_env=sidecar_env())
+    side = start_sidecar(mem0_server.url, ledger, POLICIES, extra_env=sidecar_env({"MEMWARDEN_UPDATE_LEASE_S": "1"}))
     stack = Mem0Stack(mem0_server, side, ledger)
     try:
         for key in (peer, owner):
@@ -54,5 +62,10 @@ def test_a_mem0_update_killed_between_mem0_and_the_ledger_never_serves_its_text(
             assert all(SECRET in text for text in reads(http, mid))
         with stack.http(peer) as http:
             assert all(SECRET not in text for text in reads(http, mid))
+            assert http.get(f"/memories/{mid}/history").status_code == 404  # the memory is the owner's alone now
+        with stack.http(owner) as http:  # the killed update's entry (recorded under no version) too: the owner may
+            # read the memory under every governance it had
+            assert [e["new_memory"] for e in http.get(f"/memories/{mid}/history").json()] == [
+                "a release note for the fleet", SECRET, SECRET]
     finally:
         side.stop()
