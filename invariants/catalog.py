@@ -37,7 +37,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any
+from typing import Any, Callable
 
 import z3
 from cedarpy import pst
@@ -57,6 +57,7 @@ __all__ = ["Invariant", "CheckResult", "PolicyRef", "describe", "KINDS", "load_i
 
 KINDS = ("bound", "never-errors", "monotone", "unconstrained")
 DEFAULT_TIMEOUT_S = 20.0
+SPLIT_FIRST_S = 2.0  # seconds for the whole goal before it is split per permit / per policy (`_solve_goal`)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,13 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
             unknown[i.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
         return unknown
     goals: dict[str, tuple[z3.BoolRef, Any]] = {}
+    # Each goal of a bound or never-errors invariant is also kept as ``base ∧ (item_1 ∨ … ∨ item_n)``: one item
+    # per permit (a bound is violated iff some single permit is satisfied, with every forbid kept false and the
+    # invariant's condition broken) or per policy's error term (never-errors). `_solve_goal` falls back to one
+    # query per item when the whole disjunction is not decided quickly (organisation-scale sets).
+    split: dict[str, tuple[list[z3.BoolRef], list[tuple[Policy, z3.BoolRef]]]] = {}
+    permits = [(t.policy, t.sat) for t in q.terms if t.policy.ast.effect == "permit"]
+    no_forbid = z3.Not(z3.Or(z3.BoolVal(False), *[t.sat for t in q.terms if t.policy.ast.effect == "forbid"]))
     for inv in invs:
         try:
             scope = tr.policy(_scope_only(inv.policy))
@@ -282,34 +290,96 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
             assert full is not None
             if inv.kind == "never-errors":
                 goals[inv.id] = (z3.And(scope.sat, z3.Or(z3.BoolVal(False), *[t.err for t in q.terms])), None)
+                split[inv.id] = ([scope.sat], [(t.policy, t.err) for t in q.terms])
             elif inv.kind == "monotone":
                 goal2 = _monotone(schema, store, req, policies, inv, full, q)
                 if goal2 is not None:
                     goals[inv.id] = goal2
             elif inv.policy.ast.effect == "permit":
                 goals[inv.id] = (z3.And(q.allow, scope.sat, z3.Not(full.sat)), None)
+                split[inv.id] = ([scope.sat, z3.Not(full.sat), no_forbid], permits)
             else:
                 goals[inv.id] = (z3.And(q.allow, full.sat), None)
+                split[inv.id] = ([full.sat, no_forbid], permits)
         except Unsupported as exc:
             out[inv.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
     axioms = background(schema, store, [req])
     by_id = {i.id: i for i in invs}
     for iid, (goal, extra) in goals.items():
-        res, dt, model, why = solve(axioms, goal, store)
-        if res == "unsat":
-            out[iid] = _EnvCheck("PROVED", dt)
-        elif res == "unknown" or model is None:
-            out[iid] = _EnvCheck("UNKNOWN", dt, why)
-        else:
+
+        def witness(model: z3.ModelRef, dt: float, iid: str = iid, extra: Any = extra) -> _EnvCheck:
             try:
-                out[iid] = _counterexample(schema, schema_text, policies, by_id[iid], q, extra, model, dt)
+                return _counterexample(schema, schema_text, policies, by_id[iid], q, extra, model, dt)
             except Unsupported as exc:
-                out[iid] = _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
+                return _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
             except ValueError as exc:
                 # Cedar rejected the written-out counterexample (e.g. a value outside Cedar's
                 # ranges): the model admitted an input Cedar does not — a translator bug.
-                out[iid] = _EnvCheck("DISAGREE", dt, f"Cedar rejected the model's counterexample: {exc}")
+                return _EnvCheck("DISAGREE", dt, f"Cedar rejected the model's counterexample: {exc}")
+
+        out[iid] = _solve_goal(solve, axioms, goal, split.get(iid), store, witness)
     return out
+
+
+def _solve_goal(solve: _Solve, axioms: list[z3.BoolRef], goal: z3.BoolRef,
+                split: tuple[list[z3.BoolRef], list[tuple[Policy, z3.BoolRef]]] | None, store: Store,
+                witness: Callable[[z3.ModelRef, float], _EnvCheck]) -> _EnvCheck:
+    """PROVED (goal unsat), a `witness` of a model (VIOLATED or DISAGREE, replayed through Cedar), or UNKNOWN.
+
+    With ``split = (base, items)`` (goal ≡ base ∧ ∨ items) the whole goal gets a short first attempt
+    (`SPLIT_FIRST_S`); when that does not decide it, one query per item on one incremental solver
+    (``base`` asserted once, each item pushed and popped, each with the full budget): every item unsat is
+    PROVED — exact, as the goal is their disjunction —, the first sat item is solved again alone (fresh solver,
+    the usual restarts and finite-set models) and replayed. A violation found beats an undecided item: the
+    result is UNKNOWN only when no item is sat and some item is undecided, naming its policy."""
+    if split is None:
+        return _decide(solve, axioms, goal, store, witness)
+    base, items = split
+    items = [(p, it) for p, it in items if not z3.is_false(it)]
+    first = _Solve(min(SPLIT_FIRST_S, solve.timeout_ms / 1000.0))
+    res = _decide(first, axioms, goal, store, witness)
+    if res.status != "UNKNOWN" or res.message.startswith("counterexample"):
+        return res
+    spent = res.seconds
+    inc = z3.Solver()
+    inc.set("timeout", solve.timeout_ms)
+    inc.add(*axioms)
+    inc.add(*base)
+    undecided: list[tuple[Policy, str]] = []
+    for pol, item in items:
+        inc.push()
+        inc.add(item)
+        t0 = time.perf_counter()
+        r = inc.check()
+        spent += time.perf_counter() - t0
+        why = inc.reason_unknown() if r == z3.unknown else ""
+        inc.pop()
+        if r == z3.unsat:
+            continue
+        one = _decide(solve, axioms, z3.And(*base, item), store, witness)
+        spent += one.seconds
+        if one.status == "PROVED":
+            continue
+        if one.status == "UNKNOWN":
+            undecided.append((pol, one.message or why))
+            continue
+        one.seconds = spent
+        return one
+    if undecided:
+        pol, why = undecided[0]
+        more = f" (and {len(undecided) - 1} more)" if len(undecided) > 1 else ""
+        return _EnvCheck("UNKNOWN", spent, f"{why}: undecided for policy {pol.id} at {pol.where}{more}")
+    return _EnvCheck("PROVED", spent)
+
+
+def _decide(solve: _Solve, axioms: list[z3.BoolRef], goal: z3.BoolRef, store: Store,
+            witness: Callable[[z3.ModelRef, float], _EnvCheck]) -> _EnvCheck:
+    res, dt, model, why = solve(axioms, goal, store)
+    if res == "unsat":
+        return _EnvCheck("PROVED", dt)
+    if res == "unknown" or model is None:
+        return _EnvCheck("UNKNOWN", dt, why)
+    return witness(model, dt)
 
 
 def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy], inv: Invariant,
@@ -328,9 +398,34 @@ def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy]
         return Val(LONG, z3.If(x == req.p, raised, v.term))
 
     store2 = store.with_overrides({(req.ptype, attr): override})
-    q2 = policy_set_terms(Translator(schema, store2, req), policies)
+    q2 = _retranslated(Translator(schema, store2, req), q, attr)
     return z3.And(full.sat, raised > base, raised <= LONG_MAX, raised >= LONG_MIN,
                   q.allow, z3.Not(q2.allow)), (store2, q2)
+
+
+def mentions(p: Policy, attr: str) -> bool:
+    """Whether policy ``p``'s text names ``attr`` anywhere (a sound over-approximation of "its value can
+    depend on the attribute": every way Cedar reads an attribute — ``.attr``, ``["attr"]``, ``has attr`` —
+    spells its name)."""
+    return attr in p.text
+
+
+def _retranslated(tr: Translator, q: Query, attr: str) -> Query:
+    """The policy set of ``q`` under the store of ``tr`` (which overrides only ``attr``): a policy that does not
+    name ``attr`` has the same term under both stores and is reused, the others translated again (exact)."""
+    terms = []
+    for t in q.terms:
+        if mentions(t.policy, attr):
+            t2 = tr.policy(t.policy)
+            assert t2 is not None  # same environment, same scope
+            terms.append(t2)
+        else:
+            terms.append(t)
+    permits = [t.sat for t in terms if t.policy.ast.effect == "permit"]
+    forbids = [t.sat for t in terms if t.policy.ast.effect == "forbid"]
+    no = z3.BoolVal(False)
+    allow = z3.And(z3.Or(no, *permits), z3.Not(z3.Or(no, *forbids)))
+    return Query(tr.req, tr.store, terms, allow)
 
 
 def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,

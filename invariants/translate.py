@@ -238,6 +238,10 @@ class Translator:
     def __init__(self, schema: Schema, store: Store, req: Request) -> None:
         self.schema, self.store, self.req = schema, store, req
         self.where = ""
+        # Translations of subexpressions already seen in this environment, by the (frozen, hashable) typed-AST
+        # node: the translation depends only on the node, the store and the request, so policies that share
+        # conjuncts (`resource.tenant == principal.tenant && ...`, as organisation-scale sets do) share them.
+        self._memo: dict[Any, tuple[Val, z3.BoolRef]] = {}
 
     # ---- policies
     def policy(self, pol: Policy) -> PolicyTerm | None:
@@ -321,6 +325,16 @@ class Translator:
         return Val(TEntity(typ), t)
 
     def expr(self, e: Any) -> tuple[Val, z3.BoolRef]:
+        """``(value, err)`` of expression ``e`` (memoised per environment); raises ``Unsupported``."""
+        try:
+            hit = self._memo.get(e)
+        except TypeError:  # an unhashable node (a record literal's field dict): translate it afresh
+            return self._expr(e)
+        if hit is None:
+            hit = self._memo[e] = self._expr(e)
+        return hit
+
+    def _expr(self, e: Any) -> tuple[Val, z3.BoolRef]:
         if isinstance(e, pst.Var):
             return self._var(e.name), F
         if isinstance(e, pst.BoolLit):
