@@ -73,7 +73,7 @@ def test_widened_permit_in_1000_policies_is_violated_and_replayed(tmp_path: Path
     # the same set without the widened permit: Cedar denies the counterexample
     rest = [p for p in proj.policies if p.id != WIDENED_ID]
     assert not authorize(cex["request"], rest, cex["entities"], proj.schema_text).allow
-    assert all(r.status == "PROVED" for r in res if r.action != "read")
+    assert {r.action for r in res if r.status != "UNCOVERED"} == {"read"}  # only inv-scope was checked
 
 
 def test_cache_reuses_verdicts_and_rechecks_only_what_a_change_touches(tmp_path: Path) -> None:
