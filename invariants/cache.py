@@ -34,7 +34,7 @@ from cedarpy import pst
 from .engine import Policy
 from .schema import Schema
 
-__all__ = ["VerdictCache", "tool_digest", "head_matches", "NOT_APPLICABLE"]
+__all__ = ["VerdictCache", "tool_digest", "Head", "head_matches", "NOT_APPLICABLE"]
 
 NOT_APPLICABLE = "N/A"  # the invariant's scope excludes the environment
 STORED = ("PROVED", "VIOLATED", NOT_APPLICABLE)
@@ -51,27 +51,42 @@ def tool_digest() -> str:
     return h.hexdigest()
 
 
-def _type_ok(sc: Any, typ: str) -> bool:
+def _type_of(sc: Any) -> str | None:
+    """The entity type a principal/resource scope restricts to, or None when it admits any type (``any``,
+    ``in`` an entity — some descendant type —, a template slot)."""
     if isinstance(sc, (pst.ScopeIs, pst.ScopeIsIn)):
-        return str(sc.entity_type) == typ
+        return str(sc.entity_type)
     if isinstance(sc, pst.ScopeEq) and isinstance(sc.entity, pst.EntityUid):
-        return str(sc.entity.type) == typ
-    return True  # any, `in` (an ancestor of some type), a template slot: keep
+        return str(sc.entity.type)
+    return None
+
+
+class Head:
+    """What a policy's head admits: the schema actions (None: keep for every action) and the principal and
+    resource types (None: any)."""
+
+    __slots__ = ("actions", "ptype", "rtype")
+
+    def __init__(self, schema: Schema, pol: Policy) -> None:
+        from .catalog import actions_of
+
+        a = pol.ast
+        try:
+            self.actions: frozenset[str] | None = frozenset(actions_of(schema, a.action))
+        except AttributeError:  # an action scope of another shape: keep
+            self.actions = None
+        self.ptype, self.rtype = _type_of(a.principal), _type_of(a.resource)
+
+    def matches(self, action: str, ptype: str, rtype: str) -> bool:
+        return (self.actions is None or action in self.actions) and self.ptype in (None, ptype) and \
+            self.rtype in (None, rtype)
 
 
 def head_matches(schema: Schema, pol: Policy, action: str, ptype: str, rtype: str) -> bool:
     """Whether ``pol``'s head may admit a request of this environment (a sound over-approximation: False only
     when the action scope excludes ``action`` or an ``is``/``==`` principal or resource scope names another
-    type)."""
-    from .catalog import actions_of
-
-    a = pol.ast
-    try:
-        if action not in actions_of(schema, a.action):
-            return False
-    except AttributeError:  # an action scope of another shape: keep
-        return True
-    return _type_ok(a.principal, ptype) and _type_ok(a.resource, rtype)
+    type). A policy whose head excludes a request is not satisfied by it and raises no error on it."""
+    return Head(schema, pol).matches(action, ptype, rtype)
 
 
 class VerdictCache:
@@ -84,13 +99,13 @@ class VerdictCache:
 
     def env_digest(self, schema: Schema, schema_text: str | None, policies: list[Policy], action: str,
                    ptype: str, rtype: str) -> str:
-        """The part of every key of one environment that does not depend on the invariant."""
+        """The part of every key of one environment that does not depend on the invariant; ``policies`` are the
+        environment's slice (those whose head matches it, in order)."""
         h = hashlib.sha256()
         for part in (tool_digest(), schema_text or "", action, ptype, rtype):
             h.update(part.encode() + b"\0")
         for p in policies:
-            if head_matches(schema, p, action, ptype, rtype):
-                h.update(b"P\0" + p.id.encode() + b"\0" + p.text.encode() + b"\0")
+            h.update(b"P\0" + p.id.encode() + b"\0" + p.text.encode() + b"\0")
         return h.hexdigest()
 
     @staticmethod

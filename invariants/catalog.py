@@ -44,7 +44,7 @@ from cedarpy import pst
 
 from . import counterexample as cx
 from .concrete import evaluate
-from .cache import NOT_APPLICABLE, VerdictCache, head_matches
+from .cache import NOT_APPLICABLE, Head, VerdictCache
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
 from .summary import counterexample_summary as cx_summary
@@ -508,13 +508,14 @@ def check_invariants(schema: Schema, schema_text: str | None, policies: list[Pol
     solve = _Solve(timeout_s)
     checkable = [i for i in invs if i.kind != "unconstrained"]
     per: dict[tuple[str, str], list[_EnvCheck]] = {}
+    heads = [Head(schema, p) for p in policies] if slicing else []
     for action in schema.applicable_actions():
         ad = schema.actions[action]
         relevant = [i for i in checkable if action in actions_of(schema, i.policy.ast.action)]
         if not relevant:
             continue
         for pt, rt in product(ad.principals, ad.resources):
-            sliced = [p for p in policies if head_matches(schema, p, action, pt, rt)] if slicing else policies
+            sliced = [p for p, h in zip(policies, heads) if h.matches(action, pt, rt)] if slicing else policies
             env: dict[str, _EnvCheck] = {}
             keys: dict[str, str] = {}
             todo = relevant

@@ -72,7 +72,7 @@ def test_documented_lines_pass_on_this_repositorys_policies(tmp_path: Path) -> N
     sarif = json.loads((work / "policy-check.sarif").read_text())
     assert sarif["version"] == "2.1.0" and sarif["runs"][0]["results"] == []
     assert "No class of requests changed." in (work / "policy-compare.md").read_text()
-    assert (work / "policy-check.junit.xml").read_text().startswith("<?xml")
+    assert "<testsuites" in (work / "policy-check.junit.xml").read_text()
     # the pre-commit hook's command line
     hook = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())[0]
     p = subprocess.run([str(Path(sys.executable).with_name(hook["entry"])), *hook["args"]], cwd=work,
