@@ -15,6 +15,7 @@ Every run is a fresh ``policy-check`` process at the default timeout. Goals (iss
 10,000 proved <= 30 s, a violation in 10,000 found <= 30 s, a one-policy re-check <= 5 s.
 
     .venv/bin/python bench/policy_scale.py [--sizes 100 1000 10000 30000] [--skip-violations]
+                                           [--positions begin middle end]
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000, 30000])
     ap.add_argument("--skip-violations", action="store_true")
+    ap.add_argument("--positions", nargs="+", default=["begin", "middle", "end"],
+                    choices=["begin", "middle", "end"], help="where the widened permit is placed")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, "
           f"{os.cpu_count()} cores")
@@ -95,7 +98,7 @@ def main() -> None:
             wall, code, rss, doc = _run_rss(d)
             print(f"{n:>9} {'prove':<28} {wall:>8.1f} {rss:>9}  exit {code} {doc['summary']}", flush=True)
             if not args.skip_violations:
-                for where in ("begin", "middle", "end"):
+                for where in args.positions:
                     w = make_set(root / f"w{n}-{where}", n, where)
                     wall, code, rss, doc = _run_rss(w)
                     hit = [r for r in doc["results"] if r["invariant"] == "inv-scope" and r["action"] == "read"]
