@@ -317,7 +317,7 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
 
         def witness(model: z3.ModelRef, dt: float, iid: str = iid, extra: Any = extra) -> _EnvCheck:
             try:
-                return _counterexample(schema, schema_text, replay, by_id[iid], q, extra, model, dt)
+                return _counterexample(schema, schema_text, replay, by_id[iid], q, extra, model, dt, policies)
             except Unsupported as exc:
                 return _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
             except ValueError as exc:
@@ -438,13 +438,18 @@ def _retranslated(tr: Translator, q: Query, attr: str) -> Query:
 
 
 def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,
-                    q: Query, extra: Any, model: z3.ModelRef, dt: float) -> _EnvCheck:
+                    q: Query, extra: Any, model: z3.ModelRef, dt: float,
+                    modelled: list[Policy] | None = None) -> _EnvCheck:
     """Write the model out as Cedar JSON, re-evaluate that concrete input with the Z3
     model (``concrete.evaluate``) and with Cedar, and check that both agree and that it
     really violates the invariant."""
     request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                         cx.entities_json(model, schema, q.store))
-    mv = evaluate(schema, policies, request, entities)
+    # The Z3 model evaluates the policies the query was built from (``modelled``: the environment's slice; a
+    # policy whose head excludes the request is neither satisfied nor erroring, so reasons and errors are the
+    # same), Cedar the whole set: they must agree.
+    modelled = policies if modelled is None else modelled
+    mv = evaluate(schema, modelled, request, entities)
     cedar = authorize(request, policies, entities, schema_text)
     cex: dict[str, Any] = {"invariant": inv.id, "kind": inv.kind, "request": request, "entities": entities,
                            "model": mv, "cedar": cedar.to_json()}
@@ -462,7 +467,7 @@ def _counterexample(schema: Schema, schema_text: str | None, policies: list[Poli
         store2, _ = extra
         _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                        cx.entities_json(model, schema, store2))
-        mv2 = evaluate(schema, policies, request, entities2)
+        mv2 = evaluate(schema, modelled, request, entities2)
         cedar2 = authorize(request, policies, entities2, schema_text)
         cex["raised"] = {"entities": entities2, "model": mv2, "cedar": cedar2.to_json()}
         ok = ok and _agrees(mv2, cedar2) and mv["decision"] == "allow" and mv2["decision"] == "deny"
