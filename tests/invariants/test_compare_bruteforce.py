@@ -27,7 +27,9 @@ DEFAULT = (POLICIES / "default.cedar").read_text()
 # (name, old text, new text) applied to default.cedar; each `old` occurs exactly once
 EDITS = [
     ("fleet-read-any-trust", "principal.trust >= 2)\n};", "principal.trust >= 0)\n};"),
-    ("no-deleted-guard", 'when { resource.status == "deleted" };', 'when { resource.status == "purged" };'),
+    # (a guard on another status would also narrow, on rows of that status: a widening only)
+    ("deleted-guard-one-scope", 'when { resource.status == "deleted" };',
+     'when { resource.status == "deleted" && resource.scope == "none" };'),
     ("update-delete-trust-2", "resource.owner == principal &&\n  principal.trust >= 1\n};",
      "resource.owner == principal &&\n  principal.trust >= 2\n};"),
     ("admins-no-redistribute", 'Action::"delete", Action::"redistribute"],\n  resource is Memory',
