@@ -383,7 +383,7 @@ def parse_text(text: str, path: str) -> PolicyFile:
         asts = [(p, tpl, None) for _, p, tpl in pols]
     if len(asts) != len(stmts):
         raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
-    newlines = [i for i, ch in enumerate(text) if ch == "\n"]  # line_col per statement, without rescanning
+    newlines = [m.start() for m in re.finditer("\n", text)]  # line_col per statement, without rescanning
     for (off, st), (p, tpl, why) in zip(stmts, asts):
         k = bisect.bisect_left(newlines, off)  # newlines before ``off``
         ln, col = k + 1, off - (newlines[k - 1] + 1 if k else 0) + 1
