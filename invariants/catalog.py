@@ -37,13 +37,14 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any
+from typing import Any, Callable
 
 import z3
 from cedarpy import pst
 
 from . import counterexample as cx
 from .concrete import evaluate
+from .cache import NOT_APPLICABLE, Head, VerdictCache
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
 from .summary import counterexample_summary as cx_summary
@@ -57,6 +58,7 @@ __all__ = ["Invariant", "CheckResult", "PolicyRef", "describe", "KINDS", "load_i
 
 KINDS = ("bound", "never-errors", "monotone", "unconstrained")
 DEFAULT_TIMEOUT_S = 20.0
+SPLIT_FIRST_S = 2.0  # seconds for the whole goal before it is split per permit / per policy (`_solve_goal`)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class CheckResult:
     summary: str = ""
     permitted_by: list[PolicyRef] = field(default_factory=list)
     blamed: list[PolicyRef] = field(default_factory=list)
+    cached: bool = False  # every environment's verdict came from the verdict cache (``--cache-dir``)
 
 
 def _refs(ids: list[str], policies: list[Policy]) -> list[PolicyRef]:
@@ -174,6 +177,7 @@ class _EnvCheck:
     seconds: float
     message: str = ""
     cex: dict[str, Any] | None = None
+    cached: bool = False  # read from the verdict cache (``invariants.cache``), not checked in this run
 
 
 def _scope_only(p: Policy) -> Policy:
@@ -254,7 +258,12 @@ def _probe_sets(m: z3.ModelRef, store: Store) -> None:
 
 
 def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy], invs: list[Invariant],
-                action: str, ptype: str, rtype: str, solve: _Solve) -> dict[str, _EnvCheck]:
+                action: str, ptype: str, rtype: str, solve: _Solve,
+                replay: list[Policy] | None = None, split_goals: bool = True) -> dict[str, _EnvCheck]:
+    """The invariants ``invs`` in one request environment over ``policies`` (the slice whose heads can match
+    it); counterexamples are evaluated and replayed through Cedar on ``replay`` (default ``policies``: the
+    whole set)."""
+    replay = policies if replay is None else replay
     reg = Registry()
     store = Store(schema, reg)
     req = Request.make(schema, reg, action, ptype, rtype)
@@ -273,6 +282,13 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
             unknown[i.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
         return unknown
     goals: dict[str, tuple[z3.BoolRef, Any]] = {}
+    # Each goal of a bound or never-errors invariant is also kept as ``base ∧ (item_1 ∨ … ∨ item_n)``: one item
+    # per permit (a bound is violated iff some single permit is satisfied, with every forbid kept false and the
+    # invariant's condition broken) or per policy's error term (never-errors). `_solve_goal` falls back to one
+    # query per item when the whole disjunction is not decided quickly (organisation-scale sets).
+    split: dict[str, tuple[list[z3.BoolRef], list[tuple[Policy, z3.BoolRef]]]] = {}
+    permits = [(t.policy, t.sat) for t in q.terms if t.policy.ast.effect == "permit"]
+    no_forbid = z3.Not(z3.Or(z3.BoolVal(False), *[t.sat for t in q.terms if t.policy.ast.effect == "forbid"]))
     for inv in invs:
         try:
             scope = tr.policy(_scope_only(inv.policy))
@@ -282,34 +298,97 @@ def _env_checks(schema: Schema, schema_text: str | None, policies: list[Policy],
             assert full is not None
             if inv.kind == "never-errors":
                 goals[inv.id] = (z3.And(scope.sat, z3.Or(z3.BoolVal(False), *[t.err for t in q.terms])), None)
+                split[inv.id] = ([scope.sat], [(t.policy, t.err) for t in q.terms])
             elif inv.kind == "monotone":
                 goal2 = _monotone(schema, store, req, policies, inv, full, q)
                 if goal2 is not None:
                     goals[inv.id] = goal2
             elif inv.policy.ast.effect == "permit":
                 goals[inv.id] = (z3.And(q.allow, scope.sat, z3.Not(full.sat)), None)
+                split[inv.id] = ([scope.sat, z3.Not(full.sat), no_forbid], permits)
             else:
                 goals[inv.id] = (z3.And(q.allow, full.sat), None)
+                split[inv.id] = ([full.sat, no_forbid], permits)
         except Unsupported as exc:
             out[inv.id] = _EnvCheck("UNKNOWN", 0.0, str(exc))
     axioms = background(schema, store, [req])
     by_id = {i.id: i for i in invs}
     for iid, (goal, extra) in goals.items():
-        res, dt, model, why = solve(axioms, goal, store)
-        if res == "unsat":
-            out[iid] = _EnvCheck("PROVED", dt)
-        elif res == "unknown" or model is None:
-            out[iid] = _EnvCheck("UNKNOWN", dt, why)
-        else:
+
+        def witness(model: z3.ModelRef, dt: float, iid: str = iid, extra: Any = extra) -> _EnvCheck:
             try:
-                out[iid] = _counterexample(schema, schema_text, policies, by_id[iid], q, extra, model, dt)
+                return _counterexample(schema, schema_text, replay, by_id[iid], q, extra, model, dt, policies)
             except Unsupported as exc:
-                out[iid] = _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
+                return _EnvCheck("UNKNOWN", dt, f"counterexample: {exc}")
             except ValueError as exc:
                 # Cedar rejected the written-out counterexample (e.g. a value outside Cedar's
                 # ranges): the model admitted an input Cedar does not — a translator bug.
-                out[iid] = _EnvCheck("DISAGREE", dt, f"Cedar rejected the model's counterexample: {exc}")
+                return _EnvCheck("DISAGREE", dt, f"Cedar rejected the model's counterexample: {exc}")
+
+        out[iid] = _solve_goal(solve, axioms, goal, split.get(iid) if split_goals else None, store, witness)
     return out
+
+
+def _solve_goal(solve: _Solve, axioms: list[z3.BoolRef], goal: z3.BoolRef,
+                split: tuple[list[z3.BoolRef], list[tuple[Policy, z3.BoolRef]]] | None, store: Store,
+                witness: Callable[[z3.ModelRef, float], _EnvCheck]) -> _EnvCheck:
+    """PROVED (goal unsat), a `witness` of a model (VIOLATED or DISAGREE, replayed through Cedar), or UNKNOWN.
+
+    With ``split = (base, items)`` (goal ≡ base ∧ ∨ items) the whole goal gets a short first attempt
+    (`SPLIT_FIRST_S`); when that does not decide it, one query per item on one incremental solver
+    (``base`` asserted once, each item pushed and popped, each with the full budget): every item unsat is
+    PROVED — exact, as the goal is their disjunction —, the first sat item is solved again alone (fresh solver,
+    the usual restarts and finite-set models) and replayed. A violation found beats an undecided item: the
+    result is UNKNOWN only when no item is sat and some item is undecided, naming its policy."""
+    if split is None:
+        return _decide(solve, axioms, goal, store, witness)
+    base, items = split
+    items = [(p, it) for p, it in items if not z3.is_false(it)]
+    spent = 0.0
+    if SPLIT_FIRST_S > 0:  # 0: straight to one query per item (tests exercise the split this way)
+        res = _decide(_Solve(min(SPLIT_FIRST_S, solve.timeout_ms / 1000.0)), axioms, goal, store, witness)
+        if res.status != "UNKNOWN" or res.message.startswith("counterexample"):
+            return res
+        spent = res.seconds
+    inc = z3.Solver()
+    inc.set("timeout", solve.timeout_ms)
+    inc.add(*axioms)
+    inc.add(*base)
+    undecided: list[tuple[Policy, str]] = []
+    for pol, item in items:
+        inc.push()
+        inc.add(item)
+        t0 = time.perf_counter()
+        r = inc.check()
+        spent += time.perf_counter() - t0
+        why = inc.reason_unknown() if r == z3.unknown else ""
+        inc.pop()
+        if r == z3.unsat:
+            continue
+        one = _decide(solve, axioms, z3.And(*base, item), store, witness)
+        spent += one.seconds
+        if one.status == "PROVED":
+            continue
+        if one.status == "UNKNOWN":
+            undecided.append((pol, one.message or why))
+            continue
+        one.seconds = spent
+        return one
+    if undecided:
+        pol, why = undecided[0]
+        more = f" (and {len(undecided) - 1} more)" if len(undecided) > 1 else ""
+        return _EnvCheck("UNKNOWN", spent, f"{why}: undecided for policy {pol.id} at {pol.where}{more}")
+    return _EnvCheck("PROVED", spent)
+
+
+def _decide(solve: _Solve, axioms: list[z3.BoolRef], goal: z3.BoolRef, store: Store,
+            witness: Callable[[z3.ModelRef, float], _EnvCheck]) -> _EnvCheck:
+    res, dt, model, why = solve(axioms, goal, store)
+    if res == "unsat":
+        return _EnvCheck("PROVED", dt)
+    if res == "unknown" or model is None:
+        return _EnvCheck("UNKNOWN", dt, why)
+    return witness(model, dt)
 
 
 def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy], inv: Invariant,
@@ -328,19 +407,49 @@ def _monotone(schema: Schema, store: Store, req: Request, policies: list[Policy]
         return Val(LONG, z3.If(x == req.p, raised, v.term))
 
     store2 = store.with_overrides({(req.ptype, attr): override})
-    q2 = policy_set_terms(Translator(schema, store2, req), policies)
+    q2 = _retranslated(Translator(schema, store2, req), q, attr)
     return z3.And(full.sat, raised > base, raised <= LONG_MAX, raised >= LONG_MIN,
                   q.allow, z3.Not(q2.allow)), (store2, q2)
 
 
+def mentions(p: Policy, attr: str) -> bool:
+    """Whether policy ``p``'s text names ``attr`` anywhere (a sound over-approximation of "its value can
+    depend on the attribute": every way Cedar reads an attribute — ``.attr``, ``["attr"]``, ``has attr`` —
+    spells its name)."""
+    return attr in p.text
+
+
+def _retranslated(tr: Translator, q: Query, attr: str) -> Query:
+    """The policy set of ``q`` under the store of ``tr`` (which overrides only ``attr``): a policy that does not
+    name ``attr`` has the same term under both stores and is reused, the others translated again (exact)."""
+    terms = []
+    for t in q.terms:
+        if mentions(t.policy, attr):
+            t2 = tr.policy(t.policy)
+            assert t2 is not None  # same environment, same scope
+            terms.append(t2)
+        else:
+            terms.append(t)
+    permits = [t.sat for t in terms if t.policy.ast.effect == "permit"]
+    forbids = [t.sat for t in terms if t.policy.ast.effect == "forbid"]
+    no = z3.BoolVal(False)
+    allow = z3.And(z3.Or(no, *permits), z3.Not(z3.Or(no, *forbids)))
+    return Query(tr.req, tr.store, terms, allow)
+
+
 def _counterexample(schema: Schema, schema_text: str | None, policies: list[Policy], inv: Invariant,
-                    q: Query, extra: Any, model: z3.ModelRef, dt: float) -> _EnvCheck:
+                    q: Query, extra: Any, model: z3.ModelRef, dt: float,
+                    modelled: list[Policy] | None = None) -> _EnvCheck:
     """Write the model out as Cedar JSON, re-evaluate that concrete input with the Z3
     model (``concrete.evaluate``) and with Cedar, and check that both agree and that it
     really violates the invariant."""
     request, entities = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                         cx.entities_json(model, schema, q.store))
-    mv = evaluate(schema, policies, request, entities)
+    # The Z3 model evaluates the policies the query was built from (``modelled``: the environment's slice; a
+    # policy whose head excludes the request is neither satisfied nor erroring, so reasons and errors are the
+    # same), Cedar the whole set: they must agree.
+    modelled = policies if modelled is None else modelled
+    mv = evaluate(schema, modelled, request, entities)
     cedar = authorize(request, policies, entities, schema_text)
     cex: dict[str, Any] = {"invariant": inv.id, "kind": inv.kind, "request": request, "entities": entities,
                            "model": mv, "cedar": cedar.to_json()}
@@ -358,7 +467,7 @@ def _counterexample(schema: Schema, schema_text: str | None, policies: list[Poli
         store2, _ = extra
         _, entities2 = cx.readable_ids(q.store, cx.request_json(model, q.req, q.store.reg.codec),
                                        cx.entities_json(model, schema, store2))
-        mv2 = evaluate(schema, policies, request, entities2)
+        mv2 = evaluate(schema, modelled, request, entities2)
         cedar2 = authorize(request, policies, entities2, schema_text)
         cex["raised"] = {"entities": entities2, "model": mv2, "cedar": cedar2.to_json()}
         ok = ok and _agrees(mv2, cedar2) and mv["decision"] == "allow" and mv2["decision"] == "deny"
@@ -378,7 +487,8 @@ def _explain(inv: Invariant, mv: dict[str, Any]) -> str:
 
 def _merge(inv: Invariant, action: str, parts: list[_EnvCheck]) -> CheckResult:
     secs = sum(p.seconds for p in parts)
-    base = CheckResult(inv.id, action, "PROVED", secs, file=inv.policy.file, line=inv.policy.line)
+    base = CheckResult(inv.id, action, "PROVED", secs, file=inv.policy.file, line=inv.policy.line,
+                       cached=all(p.cached for p in parts))
     for status in ("DISAGREE", "VIOLATED", "UNKNOWN"):
         hit = [p for p in parts if p.status == status]
         if hit:
@@ -388,26 +498,59 @@ def _merge(inv: Invariant, action: str, parts: list[_EnvCheck]) -> CheckResult:
 
 
 def check_invariants(schema: Schema, schema_text: str | None, policies: list[Policy], invs: list[Invariant],
-                     timeout_s: float = DEFAULT_TIMEOUT_S, required: frozenset[str] | set[str] = frozenset()
-                     ) -> list[CheckResult]:
+                     timeout_s: float = DEFAULT_TIMEOUT_S, required: frozenset[str] | set[str] = frozenset(),
+                     cache: VerdictCache | None = None, slicing: bool = True) -> list[CheckResult]:
     """Check every invariant on every action it covers, then coverage of the schema's
     actions.  Returns one ``CheckResult`` per invariant × action (+ UNCOVERED rows, + a VACUOUS
-    row for each invariant id in ``required`` that applies to no request of the schema)."""
+    row for each invariant id in ``required`` that applies to no request of the schema).
+
+    Each request environment is translated with only the policies whose head can match it (action scope,
+    ``is``/``==`` principal and resource types: `invariants.cache.head_matches`). With ``cache``, a verdict
+    stored for the same tool, schema, invariant, environment and head-matching policies is reused
+    (``invariants.cache``) and only the misses are checked. ``slicing=False`` (for tests: the reference
+    the sliced check must agree with) translates every policy in every environment and solves each goal as
+    one query."""
     solve = _Solve(timeout_s)
     checkable = [i for i in invs if i.kind != "unconstrained"]
     per: dict[tuple[str, str], list[_EnvCheck]] = {}
+    heads = [Head(schema, p) for p in policies] if slicing else []
     for action in schema.applicable_actions():
         ad = schema.actions[action]
         relevant = [i for i in checkable if action in actions_of(schema, i.policy.ast.action)]
         if not relevant:
             continue
         for pt, rt in product(ad.principals, ad.resources):
-            try:
-                env = _env_checks(schema, schema_text, policies, relevant, action, pt, rt, solve)
-            except Unsupported as exc:
-                env = {i.id: _EnvCheck("UNKNOWN", 0.0, str(exc)) for i in relevant}
-            for iid, r in env.items():
-                per.setdefault((iid, action), []).append(r)
+            sliced = [p for p, h in zip(policies, heads) if h.matches(action, pt, rt)] if slicing else policies
+            env: dict[str, _EnvCheck] = {}
+            keys: dict[str, str] = {}
+            todo = relevant
+            if cache is not None:
+                digest = cache.env_digest(schema, schema_text, sliced, action, pt, rt)
+                todo = []
+                for i in relevant:
+                    keys[i.id] = cache.key(digest, i.id, i.kind, i.attribute, i.policy.text)
+                    hit = cache.get(keys[i.id])
+                    if hit is None:
+                        todo.append(i)
+                    elif hit["status"] != NOT_APPLICABLE:
+                        env[i.id] = _EnvCheck(hit["status"], 0.0, hit.get("message") or "",
+                                              hit.get("counterexample"), cached=True)
+            if todo:
+                try:
+                    fresh = _env_checks(schema, schema_text, sliced, todo, action, pt, rt, solve, policies, slicing)
+                except Unsupported as exc:
+                    fresh = {i.id: _EnvCheck("UNKNOWN", 0.0, str(exc)) for i in todo}
+                if cache is not None:
+                    for i in todo:
+                        r = fresh.get(i.id)
+                        if r is None:
+                            cache.put(keys[i.id], NOT_APPLICABLE)
+                        else:
+                            cache.put(keys[i.id], r.status, r.seconds, r.message, r.cex)
+                env.update(fresh)
+            for i in relevant:
+                if i.id in env:
+                    per.setdefault((i.id, action), []).append(env[i.id])
     results: list[CheckResult] = []
     by_id = {i.id: i for i in invs}
     order = {i.id: n for n, i in enumerate(invs)}

@@ -1,7 +1,7 @@
 """``policy-check``: the command-line entry point (console script in pyproject.toml).
 
     policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit|markdown]
-                     [--counterexamples DIR] [--timeout SECONDS]
+                     [--counterexamples DIR] [--timeout SECONDS] [--cache-dir DIR]
     policy-check --compare OLD NEW [--format ...]   (the changed cells of the access matrix, and per action)
     policy-check explain DIR [--format text|json] [--action A]...   (the access matrix, invariants.matrix)
     policy-check explain --compare OLD NEW [--format text|json]
@@ -102,6 +102,10 @@ def run(
                                          help="Where counterexamples (Cedar JSON) are saved."),
     schema: Optional[Path] = typer.Option(None, "--schema", help="Schema file (default: the one in DIR)."),
     timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", min=0.1, help="Solver timeout per query, seconds."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
+                                             help="Reuse verdicts stored here by earlier runs and store new ones "
+                                                  "(content hash of tool, schema, invariant and the policies "
+                                                  "that can matter; default: no cache)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
@@ -127,7 +131,7 @@ def run(
         else:
             assert directory is not None
             proj = load_project(directory, invariants, schema_path=schema)
-            rep = evaluate(proj, timeout)
+            rep = evaluate(proj, timeout, cache_dir)
     except PolicyCheckError as exc:
         # Whatever stopped the check, every format still answers (SARIF/JUnit/JSON are never empty).
         problems, code = _problems(exc)

@@ -14,6 +14,7 @@ not a valid escape") when Cedar reports it at the end of the statement.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import sys
@@ -382,8 +383,10 @@ def parse_text(text: str, path: str) -> PolicyFile:
         asts = [(p, tpl, None) for _, p, tpl in pols]
     if len(asts) != len(stmts):
         raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
+    newlines = [m.start() for m in re.finditer("\n", text)]  # line_col per statement, without rescanning
     for (off, st), (p, tpl, why) in zip(stmts, asts):
-        ln, col = line_col(text, off)
+        k = bisect.bisect_left(newlines, off)  # newlines before ``off``
+        ln, col = k + 1, off - (newlines[k - 1] + 1 if k else 0) + 1
         pid = p.annotations.get("id") or f"{Path(path).name}:{ln}"
         pf.policies.append(Policy(p, path, ln, pid, st.strip(), col, tpl, why))
     return pf

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cache import VerdictCache
 from .catalog import DEFAULT_TIMEOUT_S, CheckResult, check_invariants, describe
 from .classes import ClassAnalysis, analyse
 from .engine import Policy
@@ -94,13 +95,15 @@ class GateResult:
             raise ValueError(f"not a gate result: {exc}") from exc
 
 
-def evaluate(proj: Project, timeout_s: float = DEFAULT_TIMEOUT_S) -> Report:
+def evaluate(proj: Project, timeout_s: float = DEFAULT_TIMEOUT_S, cache_dir: Path | None = None) -> Report:
     """Check every invariant of `proj` (each must apply to some request: VACUOUS otherwise) and run its
-    policy unit tests; the report ``policy-check`` renders."""
+    policy unit tests; the report ``policy-check`` renders. ``cache_dir``: reuse and store verdicts there
+    (``invariants.cache``; None: no cache)."""
     rep = Report(proj.label(proj.root))
     required = frozenset(i.id for i in proj.invariants if i.kind != "unconstrained")
+    cache = VerdictCache(cache_dir) if cache_dir is not None else None
     rep.results = check_invariants(proj.schema, proj.schema_text, proj.policies, proj.invariants, timeout_s,
-                                   required=required)
+                                   required=required, cache=cache)
     rep.tests = run_test_files(proj.test_files, proj.policies, proj.schema_text,
                                [proj.label(t) for t in proj.test_files])
     return rep

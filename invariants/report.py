@@ -82,7 +82,7 @@ def _json(rep: Report) -> dict[str, Any]:
         "exit_code": exit_code(rep), "wall_seconds": round(rep.wall_seconds, 3),
         "summary": rep.summary(),
         "results": [{"invariant": r.invariant, "action": r.action, "status": r.status,
-                     "solver_seconds": round(r.seconds, 4), "message": r.message,
+                     "solver_seconds": round(r.seconds, 4), "cached": r.cached, "message": r.message,
                      "file": r.file, "line": r.line, "summary": r.summary,
                      "permitted_by": [x.to_json() for x in r.permitted_by],
                      "blamed": [x.to_json() for x in r.blamed],

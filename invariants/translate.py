@@ -238,6 +238,10 @@ class Translator:
     def __init__(self, schema: Schema, store: Store, req: Request) -> None:
         self.schema, self.store, self.req = schema, store, req
         self.where = ""
+        # Translations of subexpressions already seen in this environment, by the (frozen, hashable) typed-AST
+        # node: the translation depends only on the node, the store and the request, so policies that share
+        # conjuncts (`resource.tenant == principal.tenant && ...`, as organisation-scale sets do) share them.
+        self._memo: dict[Any, tuple[Val, z3.BoolRef]] = {}
 
     # ---- policies
     def policy(self, pol: Policy) -> PolicyTerm | None:
@@ -255,13 +259,14 @@ class Translator:
                 conds.append(c)
             if pol.unmodelled:
                 raise Unsupported(pol.unmodelled)
-            val, err = Val(BOOL, z3.And(*conds) if conds else T), F
+            conds = [c for c in conds if c is not T]  # `is`/any scopes: no constraint (and no z3 call)
+            val, err = Val(BOOL, conds[0] if len(conds) == 1 else z3.And(*conds) if conds else T), F
             for cl in a.clauses:
                 body: Any = cl.expr
                 if isinstance(cl, pst.Unless):
                     body = pst.UnaryOp("not", cl.expr)
                 val, err = self._and((val, err), body)
-            return PolicyTerm(pol, z3.And(val.term, z3.Not(err)), err)
+            return PolicyTerm(pol, val.term if err is F else z3.And(val.term, z3.Not(err)), err)
         except Unsupported as exc:
             raise Unsupported(exc.construct, pol.id, pol.where) from None
 
@@ -321,6 +326,16 @@ class Translator:
         return Val(TEntity(typ), t)
 
     def expr(self, e: Any) -> tuple[Val, z3.BoolRef]:
+        """``(value, err)`` of expression ``e`` (memoised per environment); raises ``Unsupported``."""
+        try:
+            hit = self._memo.get(e)
+        except TypeError:  # an unhashable node (a record literal's field dict): translate it afresh
+            return self._expr(e)
+        if hit is None:
+            hit = self._memo[e] = self._expr(e)
+        return hit
+
+    def _expr(self, e: Any) -> tuple[Val, z3.BoolRef]:
         if isinstance(e, pst.Var):
             return self._var(e.name), F
         if isinstance(e, pst.BoolLit):
@@ -394,6 +409,10 @@ class Translator:
 
     def _and(self, left: tuple[Val, z3.BoolRef], right_e: Any) -> tuple[Val, z3.BoolRef]:
         l, el = left
+        if l.term is T and el is F:  # `true && r` is r, errors included (the constants themselves: no z3 call)
+            r, er = self.expr(right_e)
+            self._need(r, TBool, "&&")
+            return r, er
         if _static_false(l.term) and z3.is_false(el):
             return Val(BOOL, F), F
         r, er = self.expr(right_e)
