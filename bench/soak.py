@@ -704,8 +704,9 @@ class KeyChurn:
         self._thread.start()
 
     def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(ROOT / ".venv/bin/memwarden"), "keys", *args, "--ledger", str(self.ledger)],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, "-m", "sidecar.cli", "keys", *args, "--ledger", str(self.ledger)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     def _run(self) -> None:
         path = "/api/v2/heartbeat" if self.world.profile == "chroma" else "/memories?user_id=soak"
