@@ -92,8 +92,14 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
               else f"sqlite {settings.ledger_path}")
     mode = ("SHADOW: Cedar denials are logged and counted, NOT enforced (tenant isolation, authentication and the "
             "ledger still are)" if settings.shadow_mode else "enforce")
+    tls = getattr(services, "tls", None)
+    identity = getattr(services, "identity", None)
+    jwt = getattr(identity, "jwt", None)
     return [
-        f"{version_text()} listening on http://{host}:{port}",
+        f"{version_text()} listening on {'https' if tls is not None else 'http'}://{host}:{port}",
+        "  tls       " + (tls.describe() if tls is not None else "off (cleartext: bind 127.0.0.1, or terminate TLS "
+                                                                  "in front; see README 'TLS and identity')"),
+        "  identity  API keys" + (f"; JWT {jwt.describe()}" if jwt is not None else ""),
         f"  backend   {settings.backend} {settings.backend_url}",
         f"  policies  {settings.policies_dir} sha256 {services.policy.digest} — {gate.policies} policies; "
         f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
@@ -111,6 +117,8 @@ def serve(
     backend_url: Optional[str] = typer.Option(None, help="backend base URL (else MEMWARDEN_BACKEND_URL)"),
     policies: Optional[Path] = typer.Option(None, help="policies directory (else MEMWARDEN_POLICIES_DIR)"),
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_PATH)"),
+    tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve HTTPS (else MEMWARDEN_TLS_CERT)"),
+    tls_key: Optional[Path] = typer.Option(None, help="PEM private key of --tls-cert (else MEMWARDEN_TLS_KEY)"),
 ) -> None:
     """Run the sidecar until interrupted."""
     import uvicorn
@@ -124,8 +132,14 @@ def serve(
         overrides["policies_dir"] = policies
     if ledger:
         overrides["ledger_path"] = ledger
+    if tls_cert:
+        overrides["tls_cert"] = tls_cert
+    if tls_key:
+        overrides["tls_key"] = tls_key
     settings = _load(**overrides)
+    from sidecar.jwtauth import JwtConfigError
     from sidecar.policy_reload import PolicyRefused
+    from sidecar.tls import TlsConfigError
 
     try:
         application = create_app(settings)
@@ -142,6 +156,12 @@ def serve(
     except LedgerOpenError as exc:
         err.print(f"memwarden: {exc}; nothing is served", markup=False)
         raise typer.Exit(1) from None
+    except TlsConfigError as exc:
+        err.print(f"memwarden: TLS refused: {exc}; nothing is served", markup=False)
+        raise typer.Exit(2) from None
+    except JwtConfigError as exc:
+        err.print(f"memwarden: JWT settings refused: {exc}; nothing is served", markup=False)
+        raise typer.Exit(2) from None
     stop_metrics = None
     if settings.metrics_port:
         from sidecar.metrics import serve_metrics
@@ -164,10 +184,14 @@ def serve(
         # header is an identity claim it strips (`canonicalize.IDENTITY_HEADER_PREFIXES`), so uvicorn's
         # ProxyHeadersMiddleware (a layer per request) has nothing to do; server_header=False: no
         # ``server: uvicorn`` on every answer (RFC 9110 §10.2.4 makes it optional).
+        tls = application.state.services.tls
+        # With TLS, uvicorn is handed the context `sidecar.tls.ServerTls` keeps (its public ssl_context_factory),
+        # so a certificate reloaded into it serves the next handshake.
         config = uvicorn.Config(application, host=host, port=port, log_level="warning", access_log=False,
                                 http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)),
                                 proxy_headers=False, server_header=False,
-                                timeout_graceful_shutdown=settings.shutdown_timeout_s)  # type: ignore[arg-type]
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]
+                                ssl_context_factory=(lambda _config, _default: tls.context) if tls is not None else None)
         # uvicorn.run's own steps, with a server that drains on SIGTERM (`sidecar.drain`) and exits 0 after it.
         server = DrainingServer(config, application.state.services, settings.shutdown_drain_s)
         server.run()

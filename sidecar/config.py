@@ -98,6 +98,24 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="after the drain: seconds requests in flight get to finish before they are "
         "cancelled and the process exits")
+    # -- TLS and client certificates (sidecar/tls.py) ------------------------------------------
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate chain served on the API port (with tls_key): HTTPS, TLS 1.2 or "
+        "later; unset = cleartext HTTP (bind 127.0.0.1 only, or put a TLS-terminating proxy in front)")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert (unencrypted)")
+    tls_reload_interval_s: float = Field(
+        default=10.0, ge=0, description="seconds between checks of tls_cert/tls_key for a change; a changed pair is "
+        "loaded for new connections without a restart (SIGHUP too); 0 = SIGHUP only")
+    tls_client_ca: Path | None = Field(
+        default=None, description="PEM CA bundle that verifies client certificates (mTLS); only these CAs, never "
+        "the system's; read at start-up")
+    tls_client_auth: Literal["required", "optional"] = Field(
+        default="required", description="with tls_client_ca: a connection without a verified client certificate "
+        "fails its handshake (required), or is accepted and must then carry an API key or JWT (optional)")
+    tls_client_principals: Path | None = Field(
+        default=None, description="TOML file mapping a verified client certificate's SPIFFE URI SAN "
+        "(spiffe://...) or subject CN (CN=name) to an agent principal: the certificate is then a credential "
+        "(README 'TLS and identity')")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",
         description="visibility filter sent to the backend: the reference scope predicate "
@@ -210,6 +228,19 @@ class Settings(BaseSettings):
                 chroma.cli()
             except EraseError as exc:
                 raise ValueError(f"MEMWARDEN_ERASE_INTERVAL_S: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> "Settings":
+        """TLS settings that make sense together: a certificate with its key; client verification only on a TLS
+        listener; a certificate-to-principal map only with a CA that verifies the certificates."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("MEMWARDEN_TLS_CERT and MEMWARDEN_TLS_KEY go together (a certificate chain and its key)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("MEMWARDEN_TLS_CLIENT_CA needs MEMWARDEN_TLS_CERT and MEMWARDEN_TLS_KEY (mTLS is TLS)")
+        if self.tls_client_principals is not None and self.tls_client_ca is None:
+            raise ValueError("MEMWARDEN_TLS_CLIENT_PRINCIPALS needs MEMWARDEN_TLS_CLIENT_CA (only a verified "
+                             "client certificate can be a credential)")
         return self
 
     @model_validator(mode="after")

@@ -171,6 +171,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._timer_at = 0.0
             self._waiting_since = time.monotonic()
             self._in_flight = False
+            # The client certificate of a TLS connection, as ``SSLObject.getpeercert()`` gives it (verified by the
+            # listener's client CA; empty when none was sent), None on a cleartext one: read once per connection
+            # (the handshake is done when `connection_made` runs), handed to each request under
+            # ``extensions["memwarden"]["peercert"]`` (`sidecar.tls`).
+            self._peercert: dict[str, Any] | None = None
 
         # -- timers ------------------------------------------------------------------------------
         def _arm(self, seconds: float, handler: Any) -> None:
@@ -224,6 +229,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         # -- connection --------------------------------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._peercert = transport.get_extra_info("peercert")
             super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
             if len(self.connections) > self._limits.max_connections:
                 waiting = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
@@ -251,7 +257,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._disarm()
             self._in_flight = True
-            self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}  # type: ignore[typeddict-item]
+            self.scope.setdefault("extensions", {})["memwarden"] = {  # type: ignore[typeddict-item]
+                "target": bytes(self.url), "peercert": self._peercert}
             super().on_headers_complete()
 
         if uvicorn.__version__.startswith(_FOLDED_RELEASE):
@@ -296,7 +303,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self._in_flight = True
                 scope = self.scope
                 url = self.url
-                scope["extensions"] = {"memwarden": {"target": url}}  # type: ignore[typeddict-unknown-key]
+                scope["extensions"] = {"memwarden": {"target": url, "peercert": self._peercert}}  # type: ignore[typeddict-unknown-key]
                 parser = self.parser
                 http_version = parser.get_http_version()
                 scope["method"] = parser.get_method().decode("ascii")
