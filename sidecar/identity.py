@@ -54,7 +54,7 @@ class Identity:
         client-certificate map), so the pipeline keeps its API-key path. Raises `sidecar.jwtauth.JwtConfigError`
         for JWT settings that cannot be used."""
         jwt = None
-        if getattr(settings, "jwt_issuer", None):
+        if settings.jwt_issuer:
             from sidecar.jwtauth import JwtVerifier
 
             jwt = JwtVerifier.from_settings(settings)

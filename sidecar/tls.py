@@ -107,8 +107,8 @@ class ClientPrincipals:
                 raise TlsConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
             tenant, fleet, agent = entry.get("tenant"), entry.get("fleet"), entry.get("agent")
             trust, roles = entry.get("trust", 0), entry.get("roles", [])
-            if not all(isinstance(v, str) for v in (tenant, fleet, agent)) or type(trust) is not int \
-                    or not isinstance(roles, list):
+            if not isinstance(tenant, str) or not isinstance(fleet, str) or not isinstance(agent, str) \
+                    or type(trust) is not int or not isinstance(roles, list):
                 raise TlsConfigError(f"{where}: tenant, fleet, agent are strings, trust an integer, roles a list")
             try:
                 roles_t = check_key_request("agent", tenant, fleet, agent, trust, roles)
