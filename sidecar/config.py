@@ -141,6 +141,9 @@ class Settings(BaseSettings):
         description="JSON object (or TOML table): principal attribute -> claim name (a.b for a nested claim); "
         "tenant, fleet, agent required, trust (0-3, default 0) and roles (list or space-separated, default none) "
         "optional; a token lacking a mapped claim is refused")
+    jwt_cache_ttl_s: float = Field(
+        default=60.0, ge=0, le=3600, description="a verified token sent again is answered from memory for at most this "
+        "long (never past its exp, never after the JWKS changed), seconds; 0 = verify every request")
     jwt_max_token_bytes: int = Field(default=8192, ge=256, description="longer bearer JWTs are refused (401) unparsed, bytes")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",

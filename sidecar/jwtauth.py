@@ -24,11 +24,18 @@ The principal is an agent (``Agent::"<tenant>/<fleet>/<agent>"``, trust and role
 inode or modification time changed and it is older than ``JWT_JWKS_REFRESH_S``, or on an unknown kid) or fetched
 from a URL (once at start-up; again in the background when older than ``JWT_JWKS_REFRESH_S``, and on an unknown kid);
 a fetch that fails keeps the keys in hand (none at first: every JWT is refused until one succeeds).
+
+With ``JWT_CACHE_TTL_S`` > 0 a token verified once is answered from memory when it comes again (an agent sends the
+same token on every request until it renews it): never past the token's ``exp``, never longer than that many
+seconds, and never once the key set it was verified under was replaced by a JWKS read. Entries are indexed by a
+keyed hash of the token (a random key per process), never the token itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import ssl
@@ -56,6 +63,8 @@ ASYMMETRIC: dict[str, tuple[str, str | None]] = {
     "EdDSA": ("OKP", "Ed25519"),
 }
 CLAIM_FIELDS = ("tenant", "fleet", "agent", "trust", "roles")
+MAX_CACHED_TOKENS = 10000  # verified tokens kept (all dropped when full)
+_blake2b = hashlib.blake2b
 MAX_JWKS_BYTES = 1024 * 1024
 
 
@@ -254,6 +263,20 @@ class JwksSource:
         return fitting[0] if len(fitting) == 1 else None
 
 
+def _header(token: str) -> dict[str, Any]:
+    """The JOSE header of a compact token (its first segment, base64url JSON), unverified: only to choose the
+    algorithm and key; PyJWT parses and checks the whole token again when it verifies it. Raises `Unauthorized`
+    when it is not a JSON object."""
+    segment = token.partition(".")[0]
+    try:
+        header = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+    except (ValueError, TypeError):
+        raise Unauthorized("malformed JWT") from None
+    if not isinstance(header, dict):
+        raise Unauthorized("malformed JWT")
+    return header
+
+
 def _claim(claims: dict[str, Any], path: str) -> Any:
     value: Any = claims
     for part in path.split("."):
@@ -267,10 +290,16 @@ class JwtVerifier:
     """Verifies bearer JWTs and maps their claims to a principal (module docstring)."""
 
     def __init__(self, issuer: str, audience: str, algorithms: tuple[str, ...], jwks: JwksSource,
-                 claims: dict[str, str], leeway_s: float = 30.0, max_token_bytes: int = 8192) -> None:
+                 claims: dict[str, str], leeway_s: float = 30.0, max_token_bytes: int = 8192,
+                 cache_ttl_s: float = 0.0) -> None:
         self.issuer, self.audience, self.algorithms, self.jwks = issuer, audience, algorithms, jwks
         self.claims, self.leeway_s, self.max_token_bytes = dict(claims), leeway_s, max_token_bytes
         self._required = ["exp", "iss", "aud"]
+        # Tokens verified already (`cache_ttl_s` > 0): keyed BLAKE2b of the token under a per-process key ->
+        # (the key set in force then, monotonic deadline, the token's exp in epoch seconds, principal).
+        self.cache_ttl_s = cache_ttl_s
+        self._cache: dict[bytes, tuple[Any, float, float, Principal]] | None = {} if cache_ttl_s > 0 else None
+        self._secret = os.urandom(32)
 
     @classmethod
     def from_settings(cls, settings: "Settings") -> "JwtVerifier":
@@ -286,7 +315,7 @@ class JwtVerifier:
                           min_interval_s=settings.jwt_jwks_min_interval_s)
         assert settings.jwt_issuer is not None and settings.jwt_audience is not None
         return cls(settings.jwt_issuer, settings.jwt_audience, algorithms, jwks, settings.jwt_claims,
-                   settings.jwt_leeway_s, settings.jwt_max_token_bytes)
+                   settings.jwt_leeway_s, settings.jwt_max_token_bytes, settings.jwt_cache_ttl_s)
 
     def describe(self) -> str:
         """One line for the start-up banner."""
@@ -298,10 +327,16 @@ class JwtVerifier:
         """The agent principal of a valid `token` (module docstring). Raises `Unauthorized` saying why not."""
         if len(token) > self.max_token_bytes:
             raise Unauthorized(f"JWT longer than {self.max_token_bytes} bytes (MEMWARDEN_JWT_MAX_TOKEN_BYTES)")
-        try:
-            header = pyjwt.get_unverified_header(token)
-        except pyjwt.PyJWTError:
-            raise Unauthorized("malformed JWT") from None
+        cache = self._cache
+        digest = None
+        if cache is not None:
+            digest = _blake2b(token.encode("utf-8", "surrogatepass"), key=self._secret, digest_size=32).digest()
+            hit = cache.get(digest)
+            if hit is not None:
+                if hit[0] is self.jwks.keys and time.monotonic() < hit[1] and time.time() < hit[2]:
+                    return hit[3]
+                del cache[digest]
+        header = _header(token)
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.algorithms:
             raise Unauthorized(f"JWT algorithm {str(alg)[:20]!r} is not accepted (MEMWARDEN_JWT_ALGORITHMS: "
@@ -310,6 +345,7 @@ class JwtVerifier:
         if kid is not None and not isinstance(kid, str):
             raise Unauthorized("malformed JWT (kid is not a string)")
         key = await self.jwks.key(kid, alg)
+        keys_in_force = self.jwks.keys
         if key is None:
             raise Unauthorized(f"JWT signed by an unknown key (kid {str(kid)[:64]!r}, {alg})" if kid is not None
                                else f"JWT without kid and not exactly one {alg} key in the JWKS")
@@ -331,7 +367,14 @@ class JwtVerifier:
             raise Unauthorized("JWT signature does not verify") from None
         except pyjwt.PyJWTError as exc:
             raise Unauthorized(f"invalid JWT ({type(exc).__name__})") from None
-        return self.map_claims(claims)
+        principal = self.map_claims(claims)
+        if cache is not None and digest is not None:
+            if len(cache) >= MAX_CACHED_TOKENS:
+                cache.clear()
+            # until the token's exp (no leeway: a cached answer never stretches it), at most cache_ttl_s, and only while
+            # the key set it was verified under is the one in force (a JWKS re-read that changed it drops the entry)
+            cache[digest] = (keys_in_force, time.monotonic() + self.cache_ttl_s, float(claims["exp"]), principal)
+        return principal
 
     def map_claims(self, claims: dict[str, Any]) -> Principal:
         """The agent principal of verified `claims` under the claims map. Raises `Unauthorized` naming the claim

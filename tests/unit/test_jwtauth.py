@@ -240,3 +240,40 @@ def test_identity_picks_one_credential(tmp_path: Path, issuer: Issuer) -> None:
     no_jwt = Identity(authz, None)  # type: ignore[arg-type]
     with pytest.raises(Unauthorized, match="not accepted here"):
         asyncio.run(no_jwt.authenticate(ex, issuer.token(), None))
+
+
+def test_a_verified_token_is_answered_from_memory_within_its_bounds(tmp_path: Path, issuer: Issuer,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as time_mod
+
+    import jwt
+
+    v = verifier(tmp_path, issuer, cache_ttl_s=60.0)
+    calls = []
+    real = jwt.decode
+    monkeypatch.setattr(jwt, "decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    token = issuer.token(exp=int(time_mod.time()) + 120)
+    p = accept(v, token)
+    assert accept(v, token) == p and len(calls) == 1  # the second from memory
+    assert accept(v, issuer.token(exp=int(time_mod.time()) + 120, sub="a2")).agent == "a2" and len(calls) == 2
+    # never past the token's exp (no leeway for a cached answer): after it, the token is verified again
+    now = time_mod.time()
+    monkeypatch.setattr("sidecar.jwtauth.time.time", lambda: now + 121)
+    assert accept(v, token) == p and len(calls) == 3  # PyJWT's clock is the real one: still within exp, accepted
+    monkeypatch.undo()
+    # a JWKS read that replaced the key set drops what was verified under the old one
+    v2 = verifier(tmp_path, issuer, cache_ttl_s=60.0)
+    counted = []
+    monkeypatch.setattr(jwt, "decode", lambda *a, **kw: counted.append(1) or real(*a, **kw))
+    accept(v2, token)
+    accept(v2, token)
+    assert len(counted) == 1
+    (tmp_path / "jwks.json").write_text(json.dumps(issuer.jwks()) + "\n")
+    asyncio.run(v2.jwks.refresh())
+    accept(v2, token)
+    assert len(counted) == 2
+    # and a refusal is never remembered
+    bad = issuer.token(aud="other")
+    for _ in range(2):
+        refusal(v2, bad)
+    assert len(counted) == 4
