@@ -34,6 +34,7 @@ from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
 from sidecar.config import Settings, backend_tls_context
+from sidecar.identity import Identity
 from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.ledger.postgres import PostgresLedger
@@ -46,6 +47,7 @@ from sidecar.server import _COALESCE_MAX, CoalescingTransport
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.canonicalize import credential
 from sidecar.stages.forward import Upstream
+from sidecar.tls import ServerTls
 
 # Unauthenticated probes served by FastAPI; every other path (``/_memwarden/memories/…`` and
 # ``/_memwarden/metrics`` included) goes through the pipeline, which authenticates first. Prometheus
@@ -92,6 +94,14 @@ class Services:
         self.pipeline = Pipeline(self.profile, self.ledger, settings.max_body_bytes, self.authz,
                                  max_json_depth=settings.max_json_depth, body_timeout_s=settings.body_timeout_s)
         instrument_reconciler(self.profile, self.ledger, self.metrics)
+        # Inbound TLS (`sidecar.tls`: the listener's context, reloaded in place) and credentials besides API keys
+        # (`sidecar.identity`); both None unless configured. Raises `TlsConfigError` / `JwtConfigError`.
+        self.tls: ServerTls | None = None
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            self.tls = ServerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca, settings.tls_client_auth,
+                                 settings.tls_client_principals)
+        self.identity = Identity.from_settings(settings, self.authz, self.tls)
+        self.pipeline.identity = self.identity
         self.draining = False  # set on SIGTERM (`sidecar.drain`): readiness fails, requests are still served
         self.loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, while the app runs
 
@@ -360,12 +370,15 @@ def _plain_headers(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:
-    """Hot reload: SIGHUP (where the loop allows signal handlers) and, unless the interval is 0, a watcher."""
+    """Hot reload: SIGHUP (where the loop allows signal handlers) and, unless the interval is 0, a watcher; of the
+    policy set and, with TLS, of the listener's certificate and client-principal map (`sidecar.tls`)."""
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
 
     def on_sighup() -> None:
         tasks.append(loop.create_task(asyncio.to_thread(services.policy.reload)))  # type: ignore[arg-type]
+        if services.tls is not None:  # in the loop: no handshake runs while the live context is loaded
+            services.tls.reload(force=True)
 
     try:
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
@@ -373,6 +386,8 @@ def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:
         pass
     if services.settings.policy_watch_interval_s > 0:
         tasks.append(loop.create_task(services.policy.watch(services.settings.policy_watch_interval_s)))
+    if services.tls is not None and services.settings.tls_reload_interval_s > 0:
+        tasks.append(loop.create_task(services.tls.watch(services.settings.tls_reload_interval_s)))
     return tasks
 
 

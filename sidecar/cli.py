@@ -1,4 +1,4 @@
-"""``memwarden`` command line: serve, keys (create/list/revoke), ledger, authz check, adopt, erase, demo, probe, bench, stack.
+"""``memwarden`` command line: serve, keys (create/list/rotate/revoke), ledger, authz check, adopt, erase, demo, probe, bench, stack.
 
 Every command reads its settings with `sidecar.config.load_settings`: an unknown ``MEMWARDEN_*`` variable,
 an unknown config-file key or a bad value stops it with one line naming the key (exit 2). Messages for
@@ -92,8 +92,14 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
               else f"sqlite {settings.ledger_path}")
     mode = ("SHADOW: Cedar denials are logged and counted, NOT enforced (tenant isolation, authentication and the "
             "ledger still are)" if settings.shadow_mode else "enforce")
+    tls = getattr(services, "tls", None)
+    identity = getattr(services, "identity", None)
+    jwt = getattr(identity, "jwt", None)
     return [
-        f"{version_text()} listening on http://{host}:{port}",
+        f"{version_text()} listening on {'https' if tls is not None else 'http'}://{host}:{port}",
+        "  tls       " + (tls.describe() if tls is not None else "off (cleartext: bind 127.0.0.1, or terminate TLS "
+                                                                  "in front; see README 'TLS and identity')"),
+        "  identity  API keys" + (f"; JWT {jwt.describe()}" if jwt is not None else ""),
         f"  backend   {settings.backend} {settings.backend_url}",
         f"  policies  {settings.policies_dir} sha256 {services.policy.digest} — {gate.policies} policies; "
         f"{gate.invariants} invariants proved ({gate.baseline} baseline{pinned}); {gate.tests} policy tests passed",
@@ -111,6 +117,8 @@ def serve(
     backend_url: Optional[str] = typer.Option(None, help="backend base URL (else MEMWARDEN_BACKEND_URL)"),
     policies: Optional[Path] = typer.Option(None, help="policies directory (else MEMWARDEN_POLICIES_DIR)"),
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file (else MEMWARDEN_LEDGER_PATH)"),
+    tls_cert: Optional[Path] = typer.Option(None, help="PEM certificate chain: serve HTTPS (else MEMWARDEN_TLS_CERT)"),
+    tls_key: Optional[Path] = typer.Option(None, help="PEM private key of --tls-cert (else MEMWARDEN_TLS_KEY)"),
 ) -> None:
     """Run the sidecar until interrupted."""
     import uvicorn
@@ -124,8 +132,14 @@ def serve(
         overrides["policies_dir"] = policies
     if ledger:
         overrides["ledger_path"] = ledger
+    if tls_cert:
+        overrides["tls_cert"] = tls_cert
+    if tls_key:
+        overrides["tls_key"] = tls_key
     settings = _load(**overrides)
+    from sidecar.jwtauth import JwtConfigError
     from sidecar.policy_reload import PolicyRefused
+    from sidecar.tls import TlsConfigError
 
     try:
         application = create_app(settings)
@@ -142,6 +156,12 @@ def serve(
     except LedgerOpenError as exc:
         err.print(f"memwarden: {exc}; nothing is served", markup=False)
         raise typer.Exit(1) from None
+    except TlsConfigError as exc:
+        err.print(f"memwarden: TLS refused: {exc}; nothing is served", markup=False)
+        raise typer.Exit(2) from None
+    except JwtConfigError as exc:
+        err.print(f"memwarden: JWT settings refused: {exc}; nothing is served", markup=False)
+        raise typer.Exit(2) from None
     stop_metrics = None
     if settings.metrics_port:
         from sidecar.metrics import serve_metrics
@@ -166,10 +186,14 @@ def serve(
         # header is an identity claim it strips (`canonicalize.IDENTITY_HEADER_PREFIXES`), so uvicorn's
         # ProxyHeadersMiddleware (a layer per request) has nothing to do; server_header=False: no
         # ``server: uvicorn`` on every answer (RFC 9110 §10.2.4 makes it optional).
+        tls = application.state.services.tls
+        # With TLS, uvicorn is handed the context `sidecar.tls.ServerTls` keeps (its public ssl_context_factory),
+        # so a certificate reloaded into it serves the next handshake.
         config = uvicorn.Config(application, host=host, port=port, log_level="warning", access_log=False,
                                 http=guarded_protocol(limits), timeout_keep_alive=max(1, int(settings.idle_timeout_s)),
                                 proxy_headers=False, server_header=False,
-                                timeout_graceful_shutdown=settings.shutdown_timeout_s)  # type: ignore[arg-type]
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]
+                                ssl_context_factory=(lambda _config, _default: tls.context) if tls is not None else None)
         # uvicorn.run's own steps, with a server that drains on SIGTERM (`sidecar.drain`) and exits 0 after it.
         server = DrainingServer(config, application.state.services, settings.shutdown_drain_s)
         server.run()
@@ -191,6 +215,8 @@ def keys_create(
     admin: bool = typer.Option(False, "--admin", help="tenant-wide admin key"),
     operator: bool = typer.Option(False, "--operator", help="deployment-level operator key (no tenant): "
                                   "configure, reset, any tenant's namespace; never tenant data"),
+    expires_in: Optional[str] = typer.Option(None, "--expires-in", help="the key stops authenticating after this "
+                                             "long (e.g. 30d, 12h, 90m; units s m h d w); default: never"),
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
     """Create a key and print it once (only its salted hash is stored)."""
@@ -207,9 +233,10 @@ def keys_create(
         raise typer.Exit(2)
     else:
         kind = "admin" if admin else "agent"
+    expires_at = _expiry(expires_in, "--expires-in")
     store = open_store(_settings(ledger))
     try:
-        record, plaintext = store.create_key(kind, tenant, fleet, agent, trust, roles=role)
+        record, plaintext = store.create_key(kind, tenant, fleet, agent, trust, roles=role, expires_at=expires_at)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
@@ -217,23 +244,124 @@ def keys_create(
         store.close()
     sys.stdout.write(plaintext + "\n")
     roles = f", roles {','.join(record.roles)}" if record.roles else ""
-    Console(stderr=True).print(f"key id {record.key_id} ({record.principal().describe()}, trust {record.trust}{roles})",
+    until = f", expires {_utc(record.expires_at)}" if record.expires_at is not None else ""
+    Console(stderr=True).print(f"key id {record.key_id} ({record.principal().describe()}, trust {record.trust}{roles}{until})",
                                style="dim", markup=False)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration written ``<integer><unit>`` (units s, m, h, d, w: ``30d``, ``12h``, ``0s``). Raises
+    ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d{1,9})\s*([smhdw])\s*", text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration (an integer and a unit: s, m, h, d, w; e.g. 30d)")
+    return float(int(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _expiry(text: Optional[str], option: str) -> Optional[int]:
+    """UTC µs `text` (a duration) from now, None for no `text`; a bad or zero duration exits 2 naming `option`."""
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        err.print(f"memwarden: {option}: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    if seconds <= 0:
+        err.print(f"memwarden: {option}: a key that expires at once is a revoked key; give a positive duration", markup=False)
+        raise typer.Exit(2)
+    from sidecar.ledger.base import now_us
+
+    return now_us() + int(seconds * 1_000_000)
+
+
+def _utc(us: Optional[int]) -> str:
+    """UTC µs as ``YYYY-MM-DD HH:MM:SSZ`` ("" for None)."""
+    if us is None:
+        return ""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(us / 1e6, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 @keys.command("list")
 def keys_list(
     tenant: Optional[str] = typer.Option(None, help="only this tenant"),
+    fmt: str = typer.Option("table", "--format", help="table, or json (one object per key)"),
     ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
 ) -> None:
-    """List keys (never their secrets)."""
+    """List keys (never their secrets): full key ids, principal, state (active, expired, revoked, rotated), when each
+    expires and when it was last used (recorded at most once a minute)."""
+    from sidecar.ledger.base import now_us
+
+    if fmt not in ("table", "json"):
+        err.print("memwarden: --format is table or json", markup=False)
+        raise typer.Exit(2)
     store = open_store(_settings(ledger))
-    table = Table("key id", "kind", "tenant", "fleet", "agent", "trust", "roles", "revoked")
-    for k in store.list_keys(tenant):
+    try:
+        records = store.list_keys(tenant)
+    finally:
+        store.close()
+    now = now_us()
+
+    def state(k: Any) -> str:
+        if k.revoked_at is not None:
+            return "revoked"
+        if k.expires_at is not None and now >= k.expires_at:
+            return "expired"
+        return f"rotated to {k.rotated_to}" if k.rotated_to else "active"
+
+    if fmt == "json":
+        for k in records:
+            typer.echo(json.dumps({"key_id": k.key_id, "kind": k.kind, "tenant": k.tenant, "fleet": k.fleet,
+                                   "agent": k.agent, "trust": k.trust, "roles": list(k.roles), "state": state(k),
+                                   "created_at": _utc(k.created_at), "expires_at": _utc(k.expires_at) or None,
+                                   "last_used_at": _utc(k.last_used_at) or None, "revoked_at": _utc(k.revoked_at) or None,
+                                   "rotated_to": k.rotated_to}))
+        return
+    table = Table()
+    table.add_column("key id", no_wrap=True, min_width=16)  # in full, never cut: the other columns wrap first
+    for header in ("kind", "tenant", "fleet", "agent", "trust", "roles", "state", "expires (UTC)", "last used (UTC)"):
+        table.add_column(header)
+    for k in records:
         table.add_row(k.key_id, k.kind, k.tenant or "", k.fleet or "", k.agent or "", str(k.trust), ",".join(k.roles),
-                      "yes" if k.revoked_at else "")
-    store.close()
+                      state(k), _utc(k.expires_at), _utc(k.last_used_at))
     console.print(table)
+
+
+@keys.command("rotate")
+def keys_rotate(
+    key_id: str = typer.Argument(..., help="key id (as shown by keys list)"),
+    grace: str = typer.Option("1h", help="how long the old key keeps authenticating (e.g. 1h, 30m, 0s)"),
+    expires_in: Optional[str] = typer.Option(None, "--expires-in", help="the new key's lifetime (default: the old key's "
+                                             "lifetime when it had one, else no expiry)"),
+    ledger: Optional[Path] = typer.Option(None, help="SQLite ledger file"),
+) -> None:
+    """Replace a key: print a new key of the same principal (kind, tenant, fleet, agent, trust, roles) once; the old
+    one keeps authenticating for --grace, then is refused."""
+    try:
+        grace_s = parse_duration(grace)
+    except ValueError as exc:
+        err.print(f"memwarden: --grace: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    expires_at = _expiry(expires_in, "--expires-in")
+    store = open_store(_settings(ledger))
+    try:
+        record, plaintext, until = store.rotate_key(key_id, grace_s, expires_at)
+    except ValueError as exc:
+        err.print(f"memwarden: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    sys.stdout.write(plaintext + "\n")
+    err.print(f"key id {record.key_id} replaces {key_id} ({record.principal().describe()}); {key_id} is refused from "
+              f"{_utc(until)}" + (f"; {record.key_id} expires {_utc(record.expires_at)}" if record.expires_at else ""),
+              markup=False)
 
 
 @keys.command("revoke")

@@ -125,6 +125,53 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         default=30.0, gt=0, description="after the drain: seconds requests in flight get to finish before they are "
         "cancelled and the process exits")
+    # -- TLS and client certificates (sidecar/tls.py) ------------------------------------------
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate chain served on the API port (with tls_key): HTTPS, TLS 1.2 or "
+        "later; unset = cleartext HTTP (bind 127.0.0.1 only, or put a TLS-terminating proxy in front)")
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert (unencrypted)")
+    tls_reload_interval_s: float = Field(
+        default=10.0, ge=0, description="seconds between checks of tls_cert/tls_key for a change; a changed pair is "
+        "loaded for new connections without a restart (SIGHUP too); 0 = SIGHUP only")
+    tls_client_ca: Path | None = Field(
+        default=None, description="PEM CA bundle that verifies client certificates (mTLS); only these CAs, never "
+        "the system's; read at start-up")
+    tls_client_auth: Literal["required", "optional"] = Field(
+        default="required", description="with tls_client_ca: a connection without a verified client certificate "
+        "fails its handshake (required), or is accepted and must then carry an API key or JWT (optional)")
+    tls_client_principals: Path | None = Field(
+        default=None, description="TOML file mapping a verified client certificate's SPIFFE URI SAN "
+        "(spiffe://...) or subject CN (CN=name) to an agent principal: the certificate is then a credential "
+        "(README 'TLS and identity')")
+    # -- bearer JWTs (sidecar/jwtauth.py) --------------------------------------------------------
+    jwt_issuer: str | None = Field(
+        default=None, description="accept bearer JWTs whose iss is exactly this (beside API keys); unset = no JWTs")
+    jwt_audience: str | None = Field(default=None, description="the aud a JWT must name (required with jwt_issuer)")
+    jwt_jwks_file: Path | None = Field(default=None, description="JWKS (JSON) file of the issuer's public keys; re-read when it changes")
+    jwt_jwks_url: HttpUrl | None = Field(
+        default=None, description="JWKS URL of the issuer's public keys (instead of jwt_jwks_file), fetched and cached")
+    jwt_jwks_ca: Path | None = Field(
+        default=None, description="PEM CA bundle that verifies an https jwt_jwks_url (default: the system's trust store)")
+    jwt_jwks_refresh_s: float = Field(
+        default=300.0, gt=0, description="keys are re-read (file: if changed) or re-fetched (URL, in the background) "
+        "when older than this, seconds")
+    jwt_jwks_min_interval_s: float = Field(
+        default=30.0, ge=0, description="a token naming an unknown kid triggers a JWKS re-read at most once per this "
+        "many seconds (a rotation is picked up; a flood of made-up kids is not a flood of fetches)")
+    jwt_algorithms: str = Field(
+        default="RS256,ES256", pattern=r"^[A-Za-z0-9]+(,[A-Za-z0-9]+)*$",
+        description="comma-separated signature algorithms accepted (RS256/384/512, PS256/384/512, ES256/384/512, "
+        "EdDSA); 'none' and HS* (shared secrets) are refused")
+    jwt_leeway_s: float = Field(default=30.0, ge=0, le=300, description="clock skew allowed on exp and nbf, seconds")
+    jwt_claims: dict[str, str] = Field(
+        default_factory=lambda: {"tenant": "tenant", "fleet": "fleet", "agent": "sub"},
+        description="JSON object (or TOML table): principal attribute -> claim name (a.b for a nested claim); "
+        "tenant, fleet, agent required, trust (0-3, default 0) and roles (list or space-separated, default none) "
+        "optional; a token lacking a mapped claim is refused")
+    jwt_cache_ttl_s: float = Field(
+        default=60.0, ge=0, le=3600, description="a verified token sent again is answered from memory for at most this "
+        "long (never past its exp, never after the JWKS changed), seconds; 0 = verify every request")
+    jwt_max_token_bytes: int = Field(default=8192, ge=256, description="longer bearer JWTs are refused (401) unparsed, bytes")
     pushdown: Literal["scope", "tenant"] = Field(
         default="scope",
         description="visibility filter sent to the backend: the reference scope predicate "
@@ -278,6 +325,42 @@ class Settings(BaseSettings):
             raise ValueError(f"MEMWARDEN_MAX_ROW_BYTES ({self.max_row_bytes}) must be below "
                              f"MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES ({self.backend_max_response_bytes}): a row must fit "
                              "in one backend answer")
+    def _tls_complete(self) -> "Settings":
+        """TLS settings that make sense together: a certificate with its key; client verification only on a TLS
+        listener; a certificate-to-principal map only with a CA that verifies the certificates."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("MEMWARDEN_TLS_CERT and MEMWARDEN_TLS_KEY go together (a certificate chain and its key)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("MEMWARDEN_TLS_CLIENT_CA needs MEMWARDEN_TLS_CERT and MEMWARDEN_TLS_KEY (mTLS is TLS)")
+        if self.tls_client_principals is not None and self.tls_client_ca is None:
+            raise ValueError("MEMWARDEN_TLS_CLIENT_PRINCIPALS needs MEMWARDEN_TLS_CLIENT_CA (only a verified "
+                             "client certificate can be a credential)")
+        return self
+
+    @model_validator(mode="after")
+    def _jwt_complete(self) -> "Settings":
+        """JWT settings that can verify a token: an issuer, an audience, exactly one key source, a claims map naming
+        tenant, fleet and agent, and only asymmetric signature algorithms (`sidecar.jwtauth.check_algorithms`)."""
+        from sidecar.jwtauth import CLAIM_FIELDS, check_algorithms
+
+        others = [n for n in ("jwt_audience", "jwt_jwks_file", "jwt_jwks_url") if getattr(self, n) is not None]
+        if self.jwt_issuer is None:
+            if others:
+                raise ValueError(f"{env_name(others[0])} needs MEMWARDEN_JWT_ISSUER (which turns bearer JWTs on)")
+            return self
+        if not self.jwt_audience:
+            raise ValueError("MEMWARDEN_JWT_ISSUER needs MEMWARDEN_JWT_AUDIENCE (a token for another service is refused)")
+        if (self.jwt_jwks_file is None) == (self.jwt_jwks_url is None):
+            raise ValueError("MEMWARDEN_JWT_ISSUER needs exactly one of MEMWARDEN_JWT_JWKS_FILE and MEMWARDEN_JWT_JWKS_URL")
+        check_algorithms(self.jwt_algorithms)
+        unknown = sorted(set(self.jwt_claims) - set(CLAIM_FIELDS))
+        missing = [f for f in ("tenant", "fleet", "agent") if f not in self.jwt_claims]
+        if unknown or missing:
+            raise ValueError(f"MEMWARDEN_JWT_CLAIMS maps {', '.join(CLAIM_FIELDS)} to claim names"
+                             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                             + (f"; missing: {', '.join(missing)}" if missing else ""))
+        if any(not c or any(not part for part in c.split(".")) for c in self.jwt_claims.values()):
+            raise ValueError("MEMWARDEN_JWT_CLAIMS: a claim name is non-empty (a.b for a nested claim)")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,11 @@ class Principal:
     agent: str | None = None
     trust: int = 0
     roles: tuple[str, ...] = ()
+    # UTC microseconds after which the credential that named this principal is no longer valid (an API key with an
+    # expiry, `memwarden keys create --expires-in`, or in a rotation's grace period), None: no expiry. Read by the key
+    # caches so that no cached principal outlives its key (`sidecar.ledger.cache`); not compared, hashed or shown, and
+    # keyword-only (positional construction and ``match`` see the fields above only).
+    expires_at: int | None = field(default=None, compare=False, repr=False, kw_only=True)
     # The Cedar uid ``(type, id)``: ``("Agent", "t/f/a")``, ``("TenantAdmin", "t/admin/<key id>")`` or
     # ``("Operator", "<key id>")``. A function of the fields above, made once (`__post_init__`) and read on
     # every decision; not compared or hashed (it follows from what is).

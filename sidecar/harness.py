@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -72,16 +73,18 @@ class Server:
             return ""
 
 
-def _wait(server: Server, path: str, timeout_s: float, headers: dict[str, str] | None = None) -> Server:
+def _wait(server: Server, path: str, timeout_s: float, headers: dict[str, str] | None = None,
+          verify: ssl.SSLContext | bool = True) -> Server:
     """`server` once `path` answers below 500; a server that exits, does not answer within `timeout_s`, or
-    whose start is interrupted (Ctrl-C, a signal handler raising) is stopped before the error propagates."""
+    whose start is interrupted (Ctrl-C, a signal handler raising) is stopped before the error propagates.
+    `verify`: the TLS client context for an ``https`` server (its CA, and a client certificate for mTLS)."""
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:  # its whole start-up output: a refusal lists every problem
                 raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail(100_000)}")
             try:
-                r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False)
+                r = httpx.get(server.url + path, timeout=2.0, headers=headers, trust_env=False, verify=verify)
                 if r.status_code < 500:
                     return server
             except httpx.HTTPError:
@@ -125,9 +128,11 @@ def start_chroma(data_dir: Path, port: int | None = None, timeout_s: float = 60.
 
 def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port: int | None = None,
                   timeout_s: float = 60.0, extra_env: dict[str, str] | None = None,
-                  nofile: int | None = None) -> Server:
+                  nofile: int | None = None, tls_client: ssl.SSLContext | None = None) -> Server:
     """`memwarden serve` (this interpreter) in front of `backend_url`; `nofile` caps its open file
-    descriptors (RLIMIT_NOFILE), as a small container would."""
+    descriptors (RLIMIT_NOFILE), as a small container would. `tls_client`: the sidecar serves HTTPS
+    (``MEMWARDEN_TLS_*`` in `extra_env`) and this client context trusts it (and, for mTLS, presents a client
+    certificate): the server's url is ``https://``."""
     port = port or free_port()
     log = ledger_path.parent / f"sidecar-{port}.log"
     ledger_path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +155,9 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=limit if nofile else None,
     )
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
-    return _wait(Server("sidecar", f"http://127.0.0.1:{port}", port, proc, log, metrics_url), "/_memwarden/healthz", timeout_s)
+    scheme = "https" if tls_client is not None else "http"
+    return _wait(Server("sidecar", f"{scheme}://127.0.0.1:{port}", port, proc, log, metrics_url), "/_memwarden/healthz",
+                 timeout_s, verify=tls_client if tls_client is not None else True)
 
 
 def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0,

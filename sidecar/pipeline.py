@@ -53,6 +53,9 @@ class Pipeline:
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
         self.body_timeout_s = body_timeout_s
+        # Credentials besides API keys (`sidecar.identity.Identity`: bearer JWTs, mapped client certificates);
+        # None when only API keys are configured (the path below is then the API-key path alone).
+        self.identity: Any = None
 
     async def run(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, Exchange]:
         """Process one ASGI HTTP request; returns (status, JSON body, exchange). Never raises. The decision
@@ -93,18 +96,23 @@ class Pipeline:
         """The stages of one request (`run` enters its ledger request scope)."""
         # 1. canonicalize (target form, path, query, headers; body read under the size and time limits)
         started = time.monotonic()
-        canonicalize.check_target(((scope.get("extensions") or {}).get("memwarden") or {}).get("target"))
+        ext = (scope.get("extensions") or {}).get("memwarden") or {}
+        canonicalize.check_target(ext.get("target"))
         ex.segments = canonicalize.canonical_path(scope.get("raw_path") or scope["path"].encode())
         ex.query = canonicalize.canonical_query(scope.get("query_string", b""))
         headers, ex.stripped_headers = canonicalize.canonical_headers(list(scope.get("headers", [])))
         canonicalize.check_length(headers.get("content-length", []), self.max_body_bytes)
         # 2. authenticate (before the body is read or parsed)
         key = canonicalize.credential(headers)
-        if key is None:
-            raise Unauthorized("missing API key")
-        principal = await self.authz.authenticate(ex, key)
-        if principal is None:
-            raise Unauthorized("unknown or revoked API key")
+        identity = self.identity
+        if identity is not None:  # a bearer JWT, a mapped client certificate, or an API key (`sidecar.identity`)
+            principal = await identity.authenticate(ex, key, ext.get("peercert"))
+        else:
+            if key is None:
+                raise Unauthorized("missing API key")
+            principal = await self.authz.authenticate(ex, key)
+            if principal is None:
+                raise Unauthorized("unknown or revoked API key")
         ex.key_id = principal.key_id
         ex.principal = principal
         raw = await self._read_body(receive, started + self.body_timeout_s)

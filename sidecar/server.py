@@ -254,6 +254,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._feed_soon = False  # a step of `_feed_held` is scheduled
             self._headers_held = False  # a request's header deadline was lifted while its bytes were held
             self._write_paused = False  # over `max_unsent_bytes` of unsent output
+            # The client certificate of a TLS connection, as ``SSLObject.getpeercert()`` gives it (verified by the
+            # listener's client CA; empty when none was sent), None on a cleartext one: read once per connection
+            # (the handshake is done when `connection_made` runs), handed to each request under
+            # ``extensions["memwarden"]["peercert"]`` (`sidecar.tls`).
+            self._peercert: dict[str, Any] | None = None
 
         # -- timers ------------------------------------------------------------------------------
         def _arm(self, seconds: float, handler: Any) -> None:
@@ -309,6 +314,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         # -- connection --------------------------------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._peercert = transport.get_extra_info("peercert")
             limits = self._limits
             transport.set_write_buffer_limits(high=limits.max_unsent_bytes)
             super().connection_made(CoalescingTransport(transport, self.loop, limits.write_timeout_s))  # type: ignore[arg-type]
@@ -448,7 +454,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._disarm()
             self._in_headers = False
             self._in_body = True
-            self.scope.setdefault("extensions", {})["memwarden"] = {"target": bytes(self.url)}
+            self.scope.setdefault("extensions", {})["memwarden"] = {  # type: ignore[typeddict-item]
+                "target": bytes(self.url), "peercert": self._peercert}
             super().on_headers_complete()
             for name, value in self.headers:  # llhttp has checked it: one, digits only
                 if name == b"content-length":

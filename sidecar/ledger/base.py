@@ -125,6 +125,23 @@ def check_names(kind: str, names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+# `last_used_at` is written when the stored value is older than this (or none): at most one write a minute per key.
+LAST_USED_RESOLUTION_US = 60_000_000
+
+
+def rotation_expiry(old: "KeyRecord", now: int, expires_at: int | None) -> int | None:
+    """The expiry of the key that replaces `old` at `now` (UTC µs): `expires_at` when given, else `old`'s lifetime
+    (expiry less creation) from now when it had one, else none."""
+    if expires_at is not None or old.expires_at is None:
+        return expires_at
+    return now + max(old.expires_at - old.created_at, 0)
+
+
+def key_row_valid(revoked_at: int | None, expires_at: int | None, at_us: int) -> bool:
+    """Whether a key row with these columns authenticates at `at_us` (UTC µs): not revoked, not expired."""
+    return revoked_at is None and (expires_at is None or at_us < expires_at)
+
+
 def check_key_request(kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
                       roles: Iterable[str] = ()) -> tuple[str, ...]:
     """Validate a `Ledger.create_key` request; raises ValueError naming the problem. Agent keys need
@@ -165,14 +182,24 @@ class KeyRecord:
     created_at: int
     revoked_at: int | None
     roles: tuple[str, ...] = ()
+    # Ledger schema version 10 (key hygiene): UTC µs after which the key is refused (None: never), UTC µs of the
+    # last request it authenticated (written at most once a minute, `LAST_USED_RESOLUTION_US`), and the key id that
+    # replaced it in a rotation (`Ledger.rotate_key`; it stays valid until `expires_at`, the grace period).
+    expires_at: int | None = None
+    last_used_at: int | None = None
+    rotated_to: str | None = None
+
+    def valid(self, at_us: int) -> bool:
+        """Whether the key authenticates at time `at_us` (UTC µs): not revoked, not expired."""
+        return self.revoked_at is None and (self.expires_at is None or at_us < self.expires_at)
 
     def principal(self) -> Principal:
         if self.kind == "operator":
-            return Principal(kind="operator", key_id=self.key_id, tenant="")
+            return Principal(kind="operator", key_id=self.key_id, tenant="", expires_at=self.expires_at)
         if self.kind == "admin":
-            return Principal(kind="admin", key_id=self.key_id, tenant=self.tenant)
+            return Principal(kind="admin", key_id=self.key_id, tenant=self.tenant, expires_at=self.expires_at)
         return Principal(kind="agent", key_id=self.key_id, tenant=self.tenant, fleet=self.fleet, agent=self.agent,
-                         trust=self.trust, roles=self.roles)
+                         trust=self.trust, roles=self.roles, expires_at=self.expires_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +232,12 @@ class CollectionIntent:
 class Ledger(Protocol):
     # keys and agents
     def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
-                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]: ...
+                   roles: Iterable[str] = (), expires_at: int | None = None) -> tuple[KeyRecord, str]: ...
     def authenticate(self, plaintext: str) -> Principal | None: ...
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]: ...
     def key_valid(self, key_id: str) -> bool: ...
     def revoke_key(self, key_id: str) -> bool: ...
+    def rotate_key(self, key_id: str, grace_s: float, expires_at: int | None = None) -> tuple[KeyRecord, str, int]: ...
     def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]: ...
     # collections
     def register_collection(self, record: CollectionRecord) -> None: ...

@@ -17,7 +17,8 @@ while all of these hold; otherwise every cache is dropped and the ledger is aske
 - the entry is younger than `ttl_s` seconds (a backstop for changes made around memwarden);
 - no write went through this wrapper since (every method not in `READ_ONLY` drops the caches).
 
-Only positive answers are cached (an unknown key or collection is asked again each time). Cached keys
+Only positive answers are cached (an unknown key or collection is asked again each time), and a key is never
+served from memory past its expiry (`Principal.expires_at`: a key created with one, or in a rotation's grace). Cached keys
 are indexed by a keyed hash of the presented key (a random key per process), never by the key itself.
 
 On PostgreSQL keys are not served by ``authenticate`` (a notification from another replica may still be in
@@ -38,7 +39,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from sidecar.governance import Principal
-from sidecar.ledger.base import CollectionRecord
+from sidecar.ledger.base import CollectionRecord, now_us
 
 READ_ONLY = frozenset({
     "authenticate", "list_keys", "agent_entities", "get_collection", "list_collections", "get_rows",
@@ -53,6 +54,12 @@ READ_ONLY = frozenset({
 
 _blake2b = hashlib.blake2b
 MAX_VERIFIED = 10000  # principals kept for `CachingLedger.verified_principal` (all dropped when full)
+
+
+def _unexpired(principal: Any) -> bool:
+    """Whether a kept principal's key has not expired (`Principal.expires_at`; none: never expires)."""
+    expires_at = getattr(principal, "expires_at", None)
+    return expires_at is None or now_us() < expires_at
 
 
 class RequestScope:
@@ -163,7 +170,7 @@ class CachingLedger:
             return self.inner.authenticate(plaintext)
         digest = self._digest(plaintext)
         hit = self._keys.get(digest)
-        if hit is not None and hit[0] >= oldest:
+        if hit is not None and hit[0] >= oldest and _unexpired(hit[1]):
             self.hits += 1
             return hit[1]
         self.misses += 1
@@ -206,7 +213,7 @@ class CachingLedger:
         if not ok:
             return None
         hit = self._verified.get(self._digest(plaintext))
-        if hit is None or hit[0] < oldest:
+        if hit is None or hit[0] < oldest or not _unexpired(hit[1]):
             return None
         self.hits += 1
         return hit[1]

@@ -42,8 +42,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
 from sidecar.errors import LedgerOpenError
-from sidecar.ledger.base import (UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord, RowVersion, check_key_request,
-                                 hash_secret, new_key_secret, now_us, parse_key)
+from sidecar.ledger.base import (LAST_USED_RESOLUTION_US, UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord,
+                                 RowVersion, check_key_request, hash_secret, key_row_valid, new_key_secret, now_us,
+                                 parse_key, rotation_expiry)
 from sidecar.ledger.sqlite import (
     _N_ROW_COLUMNS,
     _ROW_COLUMNS,
@@ -56,6 +57,7 @@ from sidecar.ledger.sqlite import (
     MIGRATION_9_UPDATES,
     _ROW_VERSIONS_SQL,
     _Busy,
+    MIGRATION_10_KEY_HYGIENE,
     _activate,
     _before_update,
     _begin_update,
@@ -134,6 +136,8 @@ MIGRATIONS: list[str] = [
     MIGRATION_8_VISIBILITY,
     # Version 9: per-row update markers and row versions (BIGINT times).
     MIGRATION_9_UPDATES.replace("started_at INTEGER", "started_at BIGINT").replace("written_at INTEGER", "written_at BIGINT"),
+    # Version 10: API key hygiene (expiry, last use, rotation); self-contained, renumber freely.
+    MIGRATION_10_KEY_HYGIENE.replace("INTEGER", "BIGINT"),
 ]
 
 _MIGRATION_LOCK = 0x6D656D77  # "memw": pg_advisory_xact_lock key for migrations
@@ -200,6 +204,14 @@ async def _acheck_idle(conn: psycopg.AsyncConnection[Any]) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+# The server's time in UTC microseconds (the ledger's time unit), for a key's expiry in the statements that re-check
+# a key (`_READ_ROWS`, `_visible_rows_query`).
+_NOW_US = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+# `last_used_at` of a key, written when the stored one is a minute old or more (`LAST_USED_RESOLUTION_US`); the
+# condition repeated in the statement so that replicas seeing the same stale value write it once.
+_TOUCH_KEY = "UPDATE api_keys SET last_used_at = %s WHERE key_id = %s AND (last_used_at IS NULL OR last_used_at <= %s)"
+
+
 # The read of `PostgresLedger.read_rows_async`: in ONE statement, whether the key `key_id` is valid now
 # (``key_ok``; true when no key is to be checked), the ledger rows of the ids asked and each row's owner as
 # the agents table knows it (``a_*`` columns, NULL for an owner it does not know). The key test is the outer
@@ -207,7 +219,8 @@ async def _acheck_idle(conn: psycopg.AsyncConnection[Any]) -> None:
 _READ_ROWS = (
     "SELECT k.key_ok, " + ", ".join(f"r.{c.strip()}" for c in _ROW_COLUMNS.split(",")) + ", "
     "a.tenant AS a_tenant, a.fleet AS a_fleet, a.agent AS a_agent, a.trust AS a_trust, a.roles AS a_roles "
-    "FROM (SELECT (%(key)s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(key)s AND revoked_at IS NULL)) "
+    "FROM (SELECT (%(key)s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %(key)s AND revoked_at IS NULL "
+    "AND (expires_at IS NULL OR expires_at > " + _NOW_US + "))) "
     "AS key_ok) AS k "
     "LEFT JOIN (rows AS r LEFT JOIN agents AS a ON a.agent_uid = r.owner) "
     "ON r.backend = %(backend)s AND r.collection_id = %(collection)s AND r.row_id = ANY(%(ids)s)"
@@ -239,7 +252,8 @@ def _visible_rows_query(backend: str, collection_id: str, tenant: str, reader: R
                                      reader, limit, columns=_ROW_COLUMNS)
     sql = ("SELECT k.key_ok, " + ", ".join(f"r.{c.strip()}" for c in _ROW_COLUMNS.split(",")) + ", "
            "a.tenant AS a_tenant, a.fleet AS a_fleet, a.agent AS a_agent, a.trust AS a_trust, a.roles AS a_roles "
-           "FROM (SELECT (%s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %s AND revoked_at IS NULL)) "
+           "FROM (SELECT (%s::text IS NULL OR EXISTS (SELECT 1 FROM api_keys WHERE key_id = %s AND revoked_at IS NULL "
+           "AND (expires_at IS NULL OR expires_at > " + _NOW_US + "))) "
            f"AS key_ok) AS k LEFT JOIN (({inner}) AS r LEFT JOIN agents AS a ON a.agent_uid = r.owner) ON true")
     return sql, (key_id, key_id, *args)
 
@@ -368,6 +382,13 @@ _ROW_ID, _AGENT = 3, 1 + _N_ROW_COLUMNS
 
 
 _AUTHENTICATE = "SELECT * FROM api_keys WHERE key_id = %s"
+
+
+def _stale_use(r: dict[str, Any]) -> tuple[int, str, int] | None:
+    """The parameters of `_TOUCH_KEY` when key row `r`'s last use is a minute old or more (or none), else None."""
+    now = now_us()
+    last = r["last_used_at"]
+    return (now, r["key_id"], now - LAST_USED_RESOLUTION_US) if last is None or now - last >= LAST_USED_RESOLUTION_US else None
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _psycopg_log = logging.getLogger("psycopg")  # where ``with conn`` logs a failed rollback
 
@@ -627,13 +648,20 @@ class PostgresLedger:
                 cur = conn.key_cursor = conn.cursor()
             await cur.execute(_AUTHENTICATE, (key_id,))
             r = await cur.fetchone()
+            principal = self._check_key(r, secret)
+            touch = _stale_use(r) if principal is not None else None
+            if touch is not None:
+                try:
+                    await cur.execute(_TOUCH_KEY, touch)
+                except psycopg.Error:  # advisory: never fails the authentication
+                    pass
             await _done(conn)
         except BaseException:
             await _failed(conn)
             raise
         finally:
             await pool.putconn(conn)
-        return self._check_key(r, secret)
+        return principal
 
     async def read_rows_async(self, backend: str, collection_id: str, row_ids: list[str], key_id: str | None = None
                               ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
@@ -774,31 +802,62 @@ class PostgresLedger:
 
     # -- keys and agents --------------------------------------------------------------------
     def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
-                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]:
+                   roles: Iterable[str] = (), expires_at: int | None = None) -> tuple[KeyRecord, str]:
         """As `SQLiteLedger.create_key`: store a new key (salted hash only), return its record and the
-        plaintext (shown once); an agent key's trust and roles become its agent's record."""
+        plaintext (shown once); an agent key's trust and roles become its agent's record; `expires_at` (UTC µs,
+        None: never) is when it stops authenticating."""
+        with self._tx() as db:
+            created = self._create_key(db, kind, tenant, fleet, agent, trust, roles, expires_at)
+            self._notify(db, "keys")
+        return created
+
+    def _create_key(self, db: psycopg.Connection[dict[str, Any]], kind: str, tenant: str | None, fleet: str | None,
+                    agent: str | None, trust: int, roles: Iterable[str], expires_at: int | None) -> tuple[KeyRecord, str]:
         roles = check_key_request(kind, tenant, fleet, agent, trust, roles)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
         tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
-                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles)
-        with self._tx() as db:
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles,
+                           expires_at=expires_at)
+        db.execute(
+            "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles, expires_at) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
+             record.created_at, json.dumps(list(roles)), expires_at),
+        )
+        if kind == "agent":
+            assert tenant is not None and fleet is not None and agent is not None
             db.execute(
-                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
-                 record.created_at, json.dumps(list(roles))),
+                "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust, roles = excluded.roles",
+                (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
             )
-            if kind == "agent":
-                assert tenant is not None and fleet is not None and agent is not None
-                db.execute(
-                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (%s,%s,%s,%s,%s,%s) "
-                    "ON CONFLICT (agent_uid) DO UPDATE SET trust = excluded.trust, roles = excluded.roles",
-                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
-                )
-            self._notify(db, "keys")
         return record, f"mwk_{key_id}.{secret}"
+
+    def rotate_key(self, key_id: str, grace_s: float, expires_at: int | None = None) -> tuple[KeyRecord, str, int]:
+        """As `SQLiteLedger.rotate_key` (one transaction, the old key's row locked): a new key of the same principal,
+        the old one valid `grace_s` more seconds. Raises ValueError for a key that is unknown, revoked, expired or
+        rotated already, or a negative grace."""
+        if grace_s < 0:
+            raise ValueError("the grace period is not negative")
+        with self._tx() as db:
+            r = db.execute("SELECT * FROM api_keys WHERE key_id = %s FOR UPDATE", (key_id,)).fetchone()
+            now = now_us()
+            if r is None or not key_row_valid(r["revoked_at"], r["expires_at"], now):
+                raise ValueError(f"no active key {key_id}")
+            if r["rotated_to"] is not None:
+                raise ValueError(f"key {key_id} was rotated already (to {r['rotated_to']}); rotate that one")
+            old = self._key(r)
+            record, plaintext = self._create_key(db, old.kind, old.tenant, old.fleet, old.agent, old.trust, old.roles,
+                                                 rotation_expiry(old, now, expires_at))
+            until = now + int(grace_s * 1_000_000)
+            if old.expires_at is not None:
+                until = min(until, old.expires_at)
+            db.execute("UPDATE api_keys SET expires_at = %s, rotated_to = %s WHERE key_id = %s",
+                       (until, record.key_id, key_id))
+            self._notify(db, "keys")
+        return record, plaintext, until
 
     def authenticate(self, plaintext: str) -> Principal | None:
         """The principal of a valid, unrevoked key; None otherwise. Read on every call (never cached)."""
@@ -813,29 +872,36 @@ class PostgresLedger:
             if cur is None:
                 cur = conn.key_cursor = conn.cursor()
             r = cur.execute(_AUTHENTICATE, (key_id,)).fetchone()
+            principal = self._check_key(r, secret)
+            touch = _stale_use(r) if principal is not None else None
+            if touch is not None:
+                try:
+                    cur.execute(_TOUCH_KEY, touch)
+                except psycopg.Error:  # advisory: never fails the authentication
+                    pass
             _done_sync(conn)
         except BaseException:
             _failed_sync(conn)
             raise
         finally:
             pool.putconn(conn)
-        return self._check_key(r, secret)
+        return principal
 
     def _check_key(self, r: dict[str, Any] | None, secret: str) -> Principal | None:
-        """The principal of api_keys row `r` if `secret` is its secret and it is not revoked."""
+        """The principal of api_keys row `r` if `secret` is its secret and it is neither revoked nor expired."""
         if r is None:
             hmac.compare_digest(hash_secret(b"\0" * 16, secret), "0" * 64)
             return None
         if not hmac.compare_digest(hash_secret(bytes.fromhex(r["salt"]), secret), r["hash"]):
             return None
-        if r["revoked_at"] is not None:
+        if not key_row_valid(r["revoked_at"], r["expires_at"], now_us()):
             return None
         return self._key(r).principal()
 
     @staticmethod
     def _key(r: dict[str, Any]) -> KeyRecord:
         return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"],
-                         tuple(json.loads(r["roles"])))
+                         tuple(json.loads(r["roles"])), r["expires_at"], r["last_used_at"], r["rotated_to"])
 
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         with self._conn() as db:
@@ -848,7 +914,8 @@ class PostgresLedger:
     def key_valid(self, key_id: str) -> bool:
         """Whether key `key_id` exists and is not revoked (read now)."""
         with self._conn() as db:
-            r = db.execute("SELECT 1 AS one FROM api_keys WHERE key_id = %s AND revoked_at IS NULL", (key_id,)).fetchone()
+            r = db.execute("SELECT 1 AS one FROM api_keys WHERE key_id = %s AND revoked_at IS NULL AND "
+                           "(expires_at IS NULL OR expires_at > %s)", (key_id, now_us())).fetchone()
         return r is not None
 
     def revoke_key(self, key_id: str) -> bool:

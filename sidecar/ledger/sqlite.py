@@ -20,8 +20,9 @@ from contextlib import contextmanager
 
 from sidecar.core.visibility import Visibility, sql_branches
 from sidecar.governance import Principal, Row, agent_entity, agent_id, fact_partition
-from sidecar.ledger.base import (UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord, RowVersion, StaleFact, UpdateLost,
-                                 check_key_request, hash_secret, new_key_secret, now_us, parse_key)
+from sidecar.ledger.base import (LAST_USED_RESOLUTION_US, UPDATE_LEASE_S, CollectionIntent, CollectionRecord, KeyRecord,
+                                 RowVersion, StaleFact, UpdateLost, check_key_request, hash_secret, key_row_valid,
+                                 new_key_secret, now_us, parse_key, rotation_expiry)
 
 # Version 2: provenance (source, lineage), supersession (one active row per single-valued
 # (backend, tenant, subject, predicate), enforced by a partial unique index) and content closure.
@@ -137,6 +138,16 @@ MIGRATION_9_UPDATES = """
         SELECT backend, collection_id, row_id, 0, 'baseline', NULL, tenant, fleet, owner, scope, readers, labels,
                updated_at, request_id FROM rows WHERE backend = 'mem0' AND status IN ('active', 'superseded')
 """
+
+# Version 10: API key hygiene (`memwarden keys create --expires-in`, `keys rotate`, `keys list`): when a key stops
+# authenticating (NULL: never), when it last authenticated (written at most once a minute per key), and the key a
+# rotation replaced it with. Self-contained (three added, nullable columns; nothing rewritten), so it can be
+# renumbered when merged after another migration.
+MIGRATION_10_KEY_HYGIENE = """
+    ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+    ALTER TABLE api_keys ADD COLUMN last_used_at INTEGER;
+    ALTER TABLE api_keys ADD COLUMN rotated_to TEXT;
+"""
 SQLITE_READERS_SORTED = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
 
 # Each entry migrates from version i to i+1; applied in order at open.
@@ -180,6 +191,7 @@ MIGRATIONS: list[str] = [
     MIGRATION_7_COLLECTION_INTENTS,
     MIGRATION_8_VISIBILITY,
     MIGRATION_9_UPDATES,
+    MIGRATION_10_KEY_HYGIENE,
 ]
 
 def _intent_to_db(i: CollectionIntent) -> tuple[Any, ...]:
@@ -386,37 +398,44 @@ class SQLiteLedger:
 
     # -- keys and agents --------------------------------------------------------------------
     def create_key(self, kind: str, tenant: str | None, fleet: str | None, agent: str | None, trust: int,
-                   roles: Iterable[str] = ()) -> tuple[KeyRecord, str]:
+                   roles: Iterable[str] = (), expires_at: int | None = None) -> tuple[KeyRecord, str]:
         """Store a new key (salted hash only) and return its record and the plaintext, shown once.
 
         Kinds: ``agent`` (tenant, fleet, agent, trust, roles), ``admin`` (tenant), ``operator`` (no tenant:
         the deployment). For agent keys the agent's record (trust and roles, as other rows' owner) is created
-        or updated to this key's. Raises ValueError on bad input (`check_key_request`).
+        or updated to this key's. `expires_at`: UTC µs from which the key is refused (None: never). Raises
+        ValueError on bad input (`check_key_request`).
         """
+        with self._tx() as db:
+            return self._create_key(db, kind, tenant, fleet, agent, trust, roles, expires_at)
+
+    def _create_key(self, db: sqlite3.Connection, kind: str, tenant: str | None, fleet: str | None, agent: str | None,
+                    trust: int, roles: Iterable[str], expires_at: int | None) -> tuple[KeyRecord, str]:
         roles = check_key_request(kind, tenant, fleet, agent, trust, roles)
         key_id, secret = new_key_secret()
         salt = os.urandom(16)
         tenant = tenant if kind != "operator" else None
         record = KeyRecord(key_id, kind, tenant, fleet if kind == "agent" else None,
-                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles)
-        with self._tx() as db:
+                           agent if kind == "agent" else None, trust if kind == "agent" else 0, now_us(), None, roles,
+                           expires_at=expires_at)
+        db.execute(
+            "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles, expires_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
+             record.created_at, json.dumps(list(roles)), expires_at),
+        )
+        if kind == "agent":
+            assert tenant is not None and fleet is not None and agent is not None
             db.execute(
-                "INSERT INTO api_keys (key_id, salt, hash, kind, tenant, fleet, agent, trust, created_at, roles) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (key_id, salt.hex(), hash_secret(salt, secret), kind, tenant, record.fleet, record.agent, record.trust,
-                 record.created_at, json.dumps(list(roles))),
+                "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(agent_uid) DO UPDATE SET trust=excluded.trust, roles=excluded.roles",
+                (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
             )
-            if kind == "agent":
-                assert tenant is not None and fleet is not None and agent is not None
-                db.execute(
-                    "INSERT INTO agents (agent_uid, tenant, fleet, agent, trust, roles) VALUES (?,?,?,?,?,?) "
-                    "ON CONFLICT(agent_uid) DO UPDATE SET trust=excluded.trust, roles=excluded.roles",
-                    (agent_id(tenant, fleet, agent), tenant, fleet, agent, trust, json.dumps(list(roles))),
-                )
         return record, f"mwk_{key_id}.{secret}"
 
     def authenticate(self, plaintext: str) -> Principal | None:
-        """The principal of a valid, unrevoked key; None otherwise. Constant-time hash comparison."""
+        """The principal of a valid (unrevoked, unexpired) key; None otherwise. Constant-time hash comparison.
+        Records the key's use (`last_used_at`) when the stored time is a minute old or more."""
         parsed = parse_key(plaintext)
         if parsed is None:
             return None
@@ -429,14 +448,36 @@ class SQLiteLedger:
             return None
         if not hmac.compare_digest(hash_secret(bytes.fromhex(r["salt"]), secret), r["hash"]):
             return None
-        if r["revoked_at"] is not None:
+        now = now_us()
+        if not key_row_valid(r["revoked_at"], r["expires_at"], now):
             return None
+        last = r["last_used_at"]
+        if last is None or now - last >= LAST_USED_RESOLUTION_US:
+            self._touch_key(key_id, now)
         return self._key(r).principal()
+
+    def _touch_key(self, key_id: str, now: int) -> None:
+        """Set `last_used_at` of `key_id` to `now` unless another writer set it within the last minute. Its own short
+        transaction, not counted in `cache_version`'s writes: it changes nothing a cache holds. A busy or read-only
+        database skips it (the time is advisory; authentication never fails for it)."""
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.execute("UPDATE api_keys SET last_used_at = ? WHERE key_id = ? AND "
+                                     "(last_used_at IS NULL OR last_used_at <= ?)",
+                                     (now, key_id, now - LAST_USED_RESOLUTION_US))
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+        except sqlite3.OperationalError:
+            pass
 
     @staticmethod
     def _key(r: sqlite3.Row) -> KeyRecord:
         return KeyRecord(r["key_id"], r["kind"], r["tenant"], r["fleet"], r["agent"], r["trust"], r["created_at"], r["revoked_at"],
-                         tuple(json.loads(r["roles"])))
+                         tuple(json.loads(r["roles"])), r["expires_at"], r["last_used_at"], r["rotated_to"])
 
     def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         with self._lock:
@@ -447,9 +488,10 @@ class SQLiteLedger:
         return [self._key(r) for r in rows]
 
     def key_valid(self, key_id: str) -> bool:
-        """Whether key `key_id` exists and is not revoked (read now)."""
+        """Whether key `key_id` exists, is not revoked and has not expired (read now)."""
         with self._lock:
-            r = self._db.execute("SELECT 1 FROM api_keys WHERE key_id = ? AND revoked_at IS NULL", (key_id,)).fetchone()
+            r = self._db.execute("SELECT 1 FROM api_keys WHERE key_id = ? AND revoked_at IS NULL AND "
+                                 "(expires_at IS NULL OR expires_at > ?)", (key_id, now_us())).fetchone()
         return r is not None
 
     def revoke_key(self, key_id: str) -> bool:
@@ -457,6 +499,31 @@ class SQLiteLedger:
         with self._tx() as db:
             cur = db.execute("UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL", (now_us(), key_id))
             return cur.rowcount == 1
+
+    def rotate_key(self, key_id: str, grace_s: float, expires_at: int | None = None) -> tuple[KeyRecord, str, int]:
+        """Replace key `key_id` by a new key of the same principal (kind, tenant, fleet, agent, trust, roles), in one
+        transaction: the new key (expiring at `expires_at`, UTC µs; None: after the old key's lifetime when it had one,
+        else never: `rotation_expiry`) is returned with its plaintext, and
+        the old one stays valid for `grace_s` more seconds (never longer than it already would), recorded as rotated
+        to the new one. Returns (new record, plaintext, the old key's expiry). Raises ValueError for a key that is
+        unknown, revoked, expired or already rotated, or a negative grace."""
+        if grace_s < 0:
+            raise ValueError("the grace period is not negative")
+        with self._tx() as db:
+            r = db.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+            now = now_us()
+            if r is None or not key_row_valid(r["revoked_at"], r["expires_at"], now):
+                raise ValueError(f"no active key {key_id}")
+            if r["rotated_to"] is not None:
+                raise ValueError(f"key {key_id} was rotated already (to {r['rotated_to']}); rotate that one")
+            old = self._key(r)
+            record, plaintext = self._create_key(db, old.kind, old.tenant, old.fleet, old.agent, old.trust, old.roles,
+                                                 rotation_expiry(old, now, expires_at))
+            until = now + int(grace_s * 1_000_000)
+            if old.expires_at is not None:
+                until = min(until, old.expires_at)
+            db.execute("UPDATE api_keys SET expires_at = ?, rotated_to = ? WHERE key_id = ?", (until, record.key_id, key_id))
+        return record, plaintext, until
 
     def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
         """Cedar entities of the known agents among `agent_uids`."""
