@@ -732,9 +732,12 @@ class ChromaProfile:
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
+            settle_rows(ex, [], [(i, UNKNOWN_ROW) for i in dict.fromkeys(ids) if i not in known])
             raise NotFound("record not found", reason="unknown_row")
         if any(r.status not in ("active", "superseded") for r in known.values()):
             # tombstoned or reserved ids never come back; for the caller they do not exist
+            if op == "update":
+                settle_rows(ex, [], [(i, DELETED_ROW) for i in dict.fromkeys(ids) if known[i].status not in ("active", "superseded")])
             raise Conflict("ids already exist") if op != "update" else NotFound("record not found", reason="deleted_row")
         new_ids = [i for i in ids if i not in known]
         if new_ids:

@@ -208,7 +208,14 @@ def test_deletes_and_updates_count_rows_alike_and_log_refused_ids(logged: tuple[
     r_up, up = call(stack, log, "POST", f"{base}/update", owner, json={"ids": ["nope"], "documents": ["y"]})
     r_de, de = call(stack, log, "POST", f"{base}/delete", owner, json={"ids": ["nope"]})
     assert r_up.status_code == 404 and r_de.status_code == 200
-    assert (de["rows_denied"], de["rows_unknown"], de["denied_row_ids"]) == (0, 1, ["nope"])
+    for e in (up, de):
+        assert (e["rows_denied"], e["rows_unknown"], e["denied_row_ids"]) == (0, 1, ["nope"]), e
+    # a deleted row: hidden as deleted on both
+    r_up, up = call(stack, log, "POST", f"{base}/update", owner, json={"ids": ["f2"], "documents": ["y"]})
+    r_de, de = call(stack, log, "POST", f"{base}/delete", owner, json={"ids": ["f2"]})
+    assert r_up.status_code == 404 and r_de.status_code == 200
+    for e in (up, de):
+        assert (e["rows_denied"], e["rows_hidden_deleted"], e["denied_row_ids"]) == (0, 1, ["f2"]), e
 
 
 def _six_requests(stack: Stack, log: Path) -> list[str]:

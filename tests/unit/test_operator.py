@@ -147,7 +147,7 @@ def test_metrics_count_requests_decisions_rows_and_latencies(ledger: SQLiteLedge
     assert r.status_code == 200 and r.json()["ids"] == ["r1"]  # r2 is not in the ledger: filtered
     assert client.post(f"{BASE}/get", json={}).status_code == 401
     m = samples(client)
-    assert value(m, "memwarden_requests_total", operation="get", action="list", decision="allow", status="200") == 1
+    assert value(m, "memwarden_requests_total", operation="get", action="read", decision="allow", status="200") == 1
     assert value(m, "memwarden_requests_total", operation="unrouted", action="none", decision="deny", status="401") == 1
     assert value(m, "memwarden_rows_total", result="allowed") == 1
     assert value(m, "memwarden_rows_total", result="unknown") == 1
