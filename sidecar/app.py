@@ -137,9 +137,14 @@ async def readiness(services: Services) -> tuple[bool, dict[str, object]]:
     ready = all(checks.values()) and not services.draining
     services.metrics.ready.set(1 if ready else 0)
     body: dict[str, object] = {"ready": ready, "checks": checks, "draining": services.draining,
-                               "policy": services.policy.status(), "mode": "shadow" if services.policy.shadow else "enforce"}
-    if services.policy.shadow:
-        body["warning"] = "SHADOW MODE: Cedar denials are logged but NOT enforced"
+                               "policy": services.policy.status(), "mode": services.policy.mode,
+                               "decision_log": services.settings.decision_log}
+    if services.policy.shadow_mode == "reads":
+        body["warning"] = ("SHADOW MODE (reads): Cedar denials of read, list and search are logged but NOT enforced; "
+                           "writes, updates and deletes are")
+    elif services.policy.shadow_mode == "all":
+        body["warning"] = ("SHADOW MODE (all): Cedar denials are logged but NOT enforced, writes and deletes included: "
+                           "data the policies protect can be overwritten or destroyed")
     return ready, body
 
 
@@ -165,7 +170,11 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
     settings = settings or Settings()
     decisionlog.configure(settings.log_level, settings.decision_log_sink, settings.decision_log_path,
                           settings.decision_log_max_bytes, settings.decision_log_backups,
-                          tuple(f.strip() for f in settings.decision_log_mask.split(",") if f.strip()))
+                          tuple(f.strip() for f in settings.decision_log_mask.split(",") if f.strip()),
+                          decision_log=settings.decision_log == "on")
+    if settings.decision_log == "off":
+        decisionlog.structlog.get_logger("memwarden").error(
+            "decision_log_off", message="MEMWARDEN_DECISION_LOG=off: no decision events are written (no audit trail)")
     services = Services(settings, transport, ledger)
 
     @asynccontextmanager

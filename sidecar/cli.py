@@ -90,8 +90,12 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
     pinned = f", pinned from {settings.invariants_dir}" if settings.invariants_dir else ""
     ledger = (f"postgresql {redact_url(settings.ledger_url)} (schema {settings.ledger_schema})" if settings.ledger_url
               else f"sqlite {settings.ledger_path}")
-    mode = ("SHADOW: Cedar denials are logged and counted, NOT enforced (tenant isolation, authentication and the "
-            "ledger still are)" if settings.shadow_mode else "enforce")
+    mode = {"off": "enforce",
+            "reads": "SHADOW (reads): Cedar denials of read, list and search are logged and counted, NOT enforced "
+                     "(writes, updates, deletes, tenant isolation, authentication and the ledger still are)",
+            "all": "SHADOW (all): Cedar denials are logged and counted, NOT enforced, writes and deletes included — "
+                   "data the policies protect can be overwritten or destroyed (tenant isolation, authentication and "
+                   "the ledger still are enforced)"}[settings.shadow_mode]
     tls = getattr(services, "tls", None)
     identity = getattr(services, "identity", None)
     jwt = getattr(identity, "jwt", None)
@@ -107,6 +111,8 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
         f"  ledger    {ledger}",
         "  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
         f"  mode      {mode}",
+        "  decisions " + ((f"file {settings.decision_log_path}" if settings.decision_log_sink == "file" else "stdout")
+                          if settings.decision_log == "on" else "OFF (MEMWARDEN_DECISION_LOG=off: no audit trail)"),
     ]
 
 

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DOTENV = ".env"  # read from the working directory
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")  # `Settings.log_level`
 
 
 def default_policies_dir() -> Path:
@@ -221,7 +222,9 @@ class Settings(BaseSettings):
         "answered; 0 = always two")
     max_scan_rows: int = Field(default=100_000, gt=0, description="cap on rows scanned for one filtered get/count")
     page_rows: int = Field(default=500, gt=0, description="page size of backend scans, rows")
-    log_level: str = "INFO"
+    log_level: str = Field(
+        default="INFO", description="level of the process log (debug, info, warning, error, critical; any case). "
+        "It never filters the decision log, which has its own switch (decision_log)")
     metrics_host: str = Field(default="127.0.0.1", description="address of the Prometheus listener (not the API port)")
     metrics_port: int = Field(default=9464, ge=0, le=65535, description="port of the Prometheus listener; 0 = no listener")
     # -- operator features (probes, metrics, reload, shadow mode, decision-log sinks) ------------
@@ -229,8 +232,15 @@ class Settings(BaseSettings):
         default=2.0, ge=0, description="seconds between checks of policies_dir for changes; 0 = no watching (SIGHUP still reloads)")
     policy_check_timeout_s: float = Field(
         default=120.0, gt=0, description="seconds the policy check may take, at start-up and on a reload")
-    shadow_mode: bool = Field(default=False, description="dry run: log Cedar denials but forward as if allowed")
+    shadow_mode: Literal["off", "reads", "all"] = Field(
+        default="off", description="dry run: Cedar denials within the tenant are logged and counted as would-deny "
+        "instead of enforced — 'reads' (read, list, search: reads are widened to the tenant; writes, updates, "
+        "redistributions and deletes stay enforced) or 'all' (every action: denied writes and deletes are carried "
+        "out — data a policy protects can be overwritten or destroyed); legacy true = reads, false = off")
     shadow_mode_confirm: str = Field(default="", description="must be 'decisions-are-not-enforced' when shadow_mode is on")
+    decision_log: Literal["on", "off"] = Field(
+        default="on", description="the decision log (one event per request, the audit trail): on, or off to write "
+        "none. Independent of log_level")
     decision_log_sink: Literal["stdout", "file"] = Field(default="stdout", description="where JSON log lines go")
     decision_log_path: Path = Field(default=Path(".memwarden/decisions.jsonl"), description="file sink path")
     decision_log_max_bytes: int = Field(default=100 * 1024 * 1024, gt=0, description="file sink: rotate above this size, bytes")
@@ -285,6 +295,39 @@ class Settings(BaseSettings):
             except EraseError as exc:
                 raise ValueError(f"MEMWARDEN_ERASE_INTERVAL_S: {exc}") from None
         return self
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_log_level(cls, v: object) -> object:
+        """One of Python logging's five levels, any case, kept in upper case; anything else (``verbose``, a
+        number) is refused, so a typo never silently changes what is logged."""
+        if isinstance(v, str) and v.strip().upper() in LOG_LEVELS:
+            return v.strip().upper()
+        raise ValueError(f"unknown log level {str(v)[:40]!r}: use one of {', '.join(LOG_LEVELS).lower()}")
+
+    @field_validator("decision_log", mode="before")
+    @classmethod
+    def _on_or_off(cls, v: object) -> object:
+        if isinstance(v, str) and v.strip().lower() in ("on", "off"):
+            return v.strip().lower()
+        raise ValueError(f"{str(v)[:40]!r}: use on or off (the decision log is the audit trail: off writes none)")
+
+    @field_validator("shadow_mode", mode="before")
+    @classmethod
+    def _shadow_mode_value(cls, v: object) -> object:
+        """``off``, ``reads`` or ``all`` (any case); the legacy booleans: true (1, yes, on) = ``reads``, false
+        (0, no, off) = ``off``."""
+        if isinstance(v, bool):
+            return "reads" if v else "off"
+        if isinstance(v, str):
+            text = v.strip().lower()
+            if text in ("off", "reads", "all"):
+                return text
+            if text in ("true", "1", "yes", "on"):
+                return "reads"
+            if text in ("false", "0", "no", ""):
+                return "off"
+        raise ValueError(f"{str(v)[:40]!r}: use off, reads or all (true means reads)")
 
     @model_validator(mode="after")
     def _backend_tls_usable(self) -> "Settings":
@@ -365,8 +408,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":
-        if self.shadow_mode and self.shadow_mode_confirm != "decisions-are-not-enforced":
-            raise ValueError("MEMWARDEN_SHADOW_MODE=true is refused unless "
+        if self.shadow_mode != "off" and self.shadow_mode_confirm != "decisions-are-not-enforced":
+            raise ValueError(f"MEMWARDEN_SHADOW_MODE={self.shadow_mode} is refused unless "
                              "MEMWARDEN_SHADOW_MODE_CONFIRM=decisions-are-not-enforced")
         return self
 

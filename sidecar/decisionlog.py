@@ -1,30 +1,45 @@
 """Stage 8 — record: one structured JSON decision-log event per request (structlog's processors; the
-decision event itself is written by `writer`, without the bound logger).
+decision event itself is written by `writer`, without the bound logger). The decision log is the audit
+trail: it is written whatever the process log level (``LOG_LEVEL`` filters the other events only) and is
+turned off only explicitly (``DECISION_LOG=off``). Schema: docs/decision-log.md (``schema_version`` 1).
 
-Fields (event ``decision``):
+Fields (event ``decision``), in this order:
 
-- ``request_id``, ``principal`` (Cedar uid), ``key_id``, ``method``, ``operation``, ``action``,
-  ``resource`` (the request-level resource), ``status`` (HTTP, as sent), ``latency_us`` (from the request's
-  arrival to the response handed to the connection; the event is written after it), ``stripped_headers``;
+- ``schema_version`` (`SCHEMA_VERSION`), ``request_id``, ``client`` (the peer, ``host:port``), ``path`` (the
+  request path as sent, without the query, at most `PATH_MAX` characters), ``auth`` (the credential header
+  presented: ``x-api-key``, ``bearer``, ``bearer+x-api-key`` or ``none``), ``principal`` (Cedar uid, None
+  unless authenticated), ``key_id`` (the key id the credential names, also when it did not authenticate),
+  ``method``, ``operation``;
+- ``action`` — the operation's Cedar action (one per operation, whatever the outcome: an add is ``write``,
+  a get ``read``); ``deny_action`` — the Cedar action whose denial refused the request (``deny`` only);
+  ``resource`` (the request-level resource), ``status`` (HTTP, as sent);
 - ``decision`` — ``allow`` (served as the policies allowed), ``deny`` (refused by memwarden: not
   authenticated, Cedar's Deny, an unknown or hidden row or collection, an unmapped or blocked route)
   or ``error`` (not an access decision: bad request, conflict, body too large, backend failure or the
   backend's own 4xx, internal error); ``reason`` for anything but ``allow``: ``no_permit``, ``forbid``,
-  ``evaluation_error``, ``unknown_row``, ``deleted_row``, ``superseded_row``, ``unknown_collection``,
-  ``not_authenticated``, ``not_permitted``, ``not_found``, ``unmapped_route``, ``blocked_route``,
-  ``bad_request``, ``conflict``, ``payload_too_large``, ``backend_error``, ``backend_timeout``,
-  ``backend_rejected``, ``backend_not_found``, ``internal_error`` (`sidecar.errors`, `sidecar.pipeline`);
+  ``evaluation_error``, ``not_applicable``, ``unknown_row``, ``deleted_row``, ``superseded_row``,
+  ``changing_row``, ``unknown_collection``, ``not_authenticated``, ``not_permitted``, ``not_found``,
+  ``unmapped_route``, ``blocked_route``, ``bad_request``, ``conflict``, ``payload_too_large``,
+  ``backend_error``, ``backend_timeout``, ``backend_rejected``, ``backend_not_found``, ``internal_error``
+  (`sidecar.errors`, `sidecar.pipeline`);
 - ``policy_sha256`` — the policy set the request was decided under (the one in force when it was
-  not decided by Cedar at all); ``mode`` (``enforce`` or ``shadow``);
+  not decided by Cedar at all); ``mode`` (``enforce``, ``shadow`` — shadow mode ``reads`` — or
+  ``shadow-all``);
+- ``actions`` — every Cedar action decided for the request, in the order first asked;
 - ``policies`` — the determining policy ids of every Cedar answer; ``deny_policies`` — those of the
   denials (the forbids that matched, the policies that raised an evaluation error);
 - ``evaluation_errors`` — Cedar evaluation errors, ``"<policy id>: <message>"`` with quoted values
   elided (at most 20);
-- ``rows_allowed``, ``rows_denied`` (Cedar denied), ``rows_hidden_superseded``, ``rows_hidden_deleted``,
-  ``rows_unknown`` (not governed by the ledger), ``row_deny_reasons`` (reason → rows), ``row_ids``
-  (the rows served or acted on, at most 20);
+- one counting rule for every operation, each row the request named or matched counted once by its outcome:
+  ``rows_allowed`` (every decision it needed allowed: served, or acted on), ``rows_denied`` (a Cedar decision
+  refused it), ``rows_hidden_superseded``, ``rows_hidden_deleted`` (tombstoned, pending or changing),
+  ``rows_unknown`` (not governed by the ledger), ``row_deny_reasons`` (reason → rows), ``row_ids`` (the
+  rows allowed, at most `IDS_MAX`) and ``denied_row_ids`` (the rows refused, Cedar's or withheld, at most
+  `IDS_MAX`);
 - shadow mode: ``would_deny`` (decisions enforcement would have denied), ``would_deny_reasons``,
-  ``would_deny_row_ids`` (at most 20).
+  ``would_deny_row_ids`` (at most `IDS_MAX`);
+- ``latency_us`` (from the request's arrival to the response handed to the connection; the event is
+  written after it), ``stripped_headers``; then ``event``, ``level``, ``timestamp`` (UTC, ISO 8601).
 
 Memory content, query text, filters and keys are never logged.
 """
@@ -45,7 +60,12 @@ from sidecar import logsinks
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal
 
+SCHEMA_VERSION = 1  # the decision event's ``schema_version`` (docs/decision-log.md)
+PATH_MAX = 1024  # characters of the request path logged
+IDS_MAX = 100  # row ids logged per list (``row_ids``, ``denied_row_ids``, ``would_deny_row_ids``)
+
 _configured = False
+_off = False  # ``DECISION_LOG=off``: `record` writes nothing
 _write: Callable[[dict[str, Any]], None] | None = None  # the decision event's writer, set by `configure`
 # `recorder`'s function for `_write` (set with it by `configure`), used by `record` while `_write` is that writer.
 _record: Callable[[Exchange, int, str | None, str], None] | None = None
@@ -166,15 +186,21 @@ def _fused(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None] | No
 
 
 def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
-              max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = ()) -> None:
-    """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields.
-    Decision events (level info) are written through the same processors to the same sink by `writer`, or
-    not at all when `level` is above info."""
-    global _configured, _write, _record, _record_of
+              max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = (),
+              decision_log: bool = True) -> None:
+    """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields;
+    the process log filtered at `level` (DEBUG, INFO, WARNING, ERROR or CRITICAL, any case; ValueError for
+    another). Decision events are written through the same processors to the same sink by `writer` whatever
+    `level` is — the decision log is the audit trail — and not at all when `decision_log` is False."""
+    global _configured, _write, _record, _record_of, _off
+    levels = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+              "CRITICAL": logging.CRITICAL}
+    if level.upper() not in levels:
+        raise ValueError(f"unknown log level {level!r}: one of {', '.join(levels)}")
     if _configured:
         return
+    min_level = levels[level.upper()]
     chain = processors(mask)
-    min_level = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     factory = logsinks.logger_factory(sink, path, max_bytes, backups)
     structlog.configure(
         processors=chain,
@@ -185,24 +211,37 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
     _configured = True
     # The decision event, once per request, skips structlog's bound logger (whose filter would drop it
     # below `min_level`); every other event goes through structlog.
-    if logging.INFO >= min_level:
+    if decision_log:
         sink_logger = factory("memwarden.decision")
         _write = writer(chain, sink_logger)
         _record, _record_of = recorder(chain, sink_logger, _write), _write
     else:
+        _off = True
         _write = lambda fields: None  # noqa: E731
+
+
+def _where(ex: Exchange) -> tuple[Any, Any]:
+    """(client, path) of the event: the peer address and the path cut at `PATH_MAX`."""
+    raw = ex.raw_path
+    return ex.client, raw[:PATH_MAX] if type(raw) is str and len(raw) > PATH_MAX else raw
 
 
 def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: str = "enforce") -> dict[str, Any]:
     """The decision event's fields for a finished exchange, in log order (module docstring)."""
     principal = ex.principal
+    client, path = _where(ex)
     return {
+        "schema_version": SCHEMA_VERSION,
         "request_id": ex.request_id,
+        "client": client,
+        "path": path,
+        "auth": ex.auth,
         "principal": principal.describe() if principal else None,
         "key_id": ex.key_id,
         "method": ex.method,
         "operation": ex.operation,
         "action": ex.action,
+        "deny_action": ex.deny_action,
         "resource": ex.resource,
         "decision": ex.decision,
         "reason": ex.reason,
@@ -214,9 +253,10 @@ def fields(ex: Exchange, status: int, policy_sha256: str | None = None, mode: st
 
 
 def _row_fields(ex: Exchange, mode: str) -> dict[str, Any]:
-    """The fields of `fields` after ``policy_sha256`` (``policies`` .. ``stripped_headers``), in log order."""
+    """The fields of `fields` after ``policy_sha256`` (``actions`` .. ``stripped_headers``), in log order."""
     deny_policies = ex.deny_policies
     out: dict[str, Any] = {
+        "actions": ex.actions or None,
         "policies": sorted(ex.policies),
         "deny_policies": sorted(deny_policies) if deny_policies else None,
         "evaluation_errors": ex.evaluation_errors or None,
@@ -226,12 +266,13 @@ def _row_fields(ex: Exchange, mode: str) -> dict[str, Any]:
         "rows_hidden_deleted": ex.rows_hidden_deleted,
         "rows_unknown": ex.rows_unknown,
         "row_deny_reasons": ex.row_deny_reasons or None,
-        "row_ids": ex.row_ids[:20],
+        "row_ids": ex.row_ids[:IDS_MAX],
+        "denied_row_ids": ex.denied_row_ids[:IDS_MAX] or None,
     }
-    if mode == "shadow":
+    if mode != "enforce":
         out["would_deny"] = ex.would_deny
         out["would_deny_reasons"] = ex.would_deny_reasons or None
-        out["would_deny_row_ids"] = ex.would_deny_row_ids or None
+        out["would_deny_row_ids"] = ex.would_deny_row_ids[:IDS_MAX] or None
     out["latency_us"] = ex.elapsed_us()
     out["stripped_headers"] = ex.stripped_headers or None
     return out
@@ -239,7 +280,9 @@ def _row_fields(ex: Exchange, mode: str) -> dict[str, Any]:
 
 def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
     """Emit the decision event for a finished exchange (fields: module docstring): through `writer` once
-    `configure` ran, else through structlog's default configuration."""
+    `configure` ran, else through structlog's default configuration; nothing when the decision log is off."""
+    if _off:
+        return
     if _write is _record_of and _record is not None:
         _record(ex, status, policy_sha256, mode)
         return
@@ -251,8 +294,8 @@ def record(ex: Exchange, status: int, *, policy_sha256: str | None = None, mode:
 
 
 STATIC_SIZE = 4096  # `recorder`: JSON runs of the request-level fields kept (cleared when full)
-_STATIC_KEYS = ("principal", "key_id", "method", "operation", "action", "resource", "decision", "reason", "status",
-                "mode", "policy_sha256")
+_STATIC_KEYS = ("auth", "principal", "key_id", "method", "operation", "action", "deny_action", "resource", "decision",
+                "reason", "status", "mode", "policy_sha256")
 
 
 def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None] | None = None
@@ -263,12 +306,13 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
     For the default chain without masking (`_fused`'s shape, no `MaskFields`) the line is written without
     the event dict of `fields`: orjson writes a dict as ``{`` + its items' JSON joined by ``,`` + ``}``, each
     item ``"key":`` + the value's own JSON, so the line is put together from three orjson calls with the
-    same options and ``default`` — the request id, then the run of the request-level fields from
-    ``principal`` to ``policy_sha256`` (the same for every request of a caller, route and outcome: kept per
-    their values, when each is an exact ``str`` or None and the status an exact ``int``, and looked up only
-    for an exact ``int`` status, so equal values mean the same JSON), then a dict of the rest (``policies`` .. ``stripped_headers``, ``event``, ``level``,
-    ``timestamp``) without its opening brace. If orjson refuses any part, the event is written by `write` as
-    before (the standard library encoder's line of the whole event)."""
+    same options and ``default`` — the head (``schema_version``, ``request_id``, ``client``, ``path``), then
+    the run of the request-level fields from ``auth`` to ``policy_sha256`` (the same for every request of a
+    caller, route and outcome: kept per their values, when each is an exact ``str`` or None and the status an
+    exact ``int``, and looked up only for an exact ``int`` status, so equal values mean the same JSON), then a
+    dict of the rest (``actions`` .. ``stripped_headers``, ``event``, ``level``, ``timestamp``) without its
+    opening brace. If orjson refuses any part, the event is written by `write` as before (the standard
+    library encoder's line of the whole event)."""
     if write is None:
         write = writer(chain, sink)
     fused = len(chain) == 4 and _fused(chain, sink) is not None
@@ -281,33 +325,38 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
     encode, option = orjson.dumps, orjson.OPT_NON_STR_KEYS
     static: dict[tuple[Any, ...], bytes] = {}
     size = STATIC_SIZE
+    version = SCHEMA_VERSION
 
     def record_fast(ex: Exchange, status: int, policy_sha256: str | None, mode: str) -> None:
         principal = ex.principal
         try:
             # The uid determines `describe()` (``"<type>::<id>"``); a principal of another type: described.
             who = principal.uid if type(principal) is Principal else (principal.describe() if principal else None)
-            key = (who, ex.key_id, ex.method, ex.operation, ex.action, ex.resource, ex.decision, ex.reason, status,
-                   mode, policy_sha256)
+            key = (ex.auth, who, ex.key_id, ex.method, ex.operation, ex.action, ex.deny_action, ex.resource,
+                   ex.decision, ex.reason, status, mode, policy_sha256)
             # Only an exact ``int`` status is looked up: 200, 200.0 and True == 1 are equal keys of other JSON (a
             # kept run's other values are exact ``str`` or None, equal to no value of another type).
             run = static.get(key) if type(status) is int else None
             if run is None:
                 run = encode(dict(zip(_STATIC_KEYS, (
-                    principal.describe() if principal else None, *key[1:]))), default=default, option=option)[1:-1]
-                if type(status) is int and all(v is None or type(v) is str for v in key[1:8]) \
+                    key[0], principal.describe() if principal else None, *key[2:]))), default=default,
+                    option=option)[1:-1]
+                if type(status) is int and all(v is None or type(v) is str for v in key[2:10]) \
+                        and (key[0] is None or type(key[0]) is str) \
                         and type(mode) is str and (policy_sha256 is None or type(policy_sha256) is str) \
                         and (who is None or type(who) is str
                              or (type(who) is tuple and len(who) == 2 and type(who[0]) is str and type(who[1]) is str)):
                     if len(static) >= size:
                         static.clear()
                     static[key] = run
+            client, path = _where(ex)
+            head = encode({"schema_version": version, "request_id": ex.request_id, "client": client, "path": path},
+                          default=default, option=option)
             rest = _row_fields(ex, mode)
             rest["event"] = "decision"
             rest["level"] = "info"
             rest["timestamp"] = at(now())
-            line = b"".join((b'{"request_id":', encode(ex.request_id, default=default, option=option), b",", run, b",",
-                             encode(rest, default=default, option=option)[1:])).decode()
+            line = b"".join((head[:-1], b",", run, b",", encode(rest, default=default, option=option)[1:])).decode()
         except (TypeError, orjson.JSONEncodeError):  # orjson refused a part: the whole event as before
             write(fields(ex, status, policy_sha256, mode))
             return

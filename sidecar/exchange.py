@@ -51,12 +51,17 @@ class Exchange:
     """State of one request through the pipeline.
 
     `segments` are the percent-decoded path segments; `query` the validated scalar query parameters;
-    `body` the parsed JSON body (or None). The rest is the decision-log record (`sidecar.decisionlog`):
-    `decision` (allow | deny | error, None until decided) and `reason`; `policy_set` the policy set the
-    request is decided under (pinned on its first Cedar call); `policies` the determining ids of every
+    `body` the parsed JSON body (or None); `client` the peer address (``host:port``, None when the server
+    gave none), `auth` the credential header presented (``x-api-key``, ``bearer``, both joined by ``+``, or
+    ``none``) and `key_id` the key id it names (``mwk_<key id>.…``), set before the key is checked. The rest
+    is the decision-log record (`sidecar.decisionlog`): `action` the operation's Cedar action, `actions`
+    every Cedar action decided (in the order first asked) and `deny_action` the one whose denial refused the
+    request; `decision` (allow | deny | error, None until decided) and `reason`; `policy_set` the policy set
+    the request is decided under (pinned on its first Cedar call); `policies` the determining ids of every
     Cedar answer and `deny_policies` those of the denials (forbids, erroring policies); row counts by
-    outcome and `row_deny_reasons` (reason → rows); `evaluation_errors` (sanitised, see
-    `sidecar.policy.Decision`); in shadow mode `would_deny` decisions with their reasons and rows.
+    outcome and `row_deny_reasons` (reason → rows), `row_ids` (allowed) and `denied_row_ids` (refused);
+    `evaluation_errors` (sanitised, see `sidecar.policy.Decision`); in shadow mode `would_deny` decisions
+    with their reasons and rows.
     """
 
     method: str
@@ -67,8 +72,12 @@ class Exchange:
     body: Any = None
     principal: Principal | None = None
     key_id: str | None = None
+    client: str | None = None
+    auth: str = "none"
     operation: str = "unrouted"
     action: str | None = None
+    actions: list[str] = field(default_factory=list)
+    deny_action: str | None = None
     resource: str | None = None
     decision: str | None = None
     reason: str | None = None
@@ -87,6 +96,7 @@ class Exchange:
     would_deny_reasons: dict[str, int] = field(default_factory=dict)
     would_deny_row_ids: list[str] = field(default_factory=list)
     row_ids: list[str] = field(default_factory=list)
+    denied_row_ids: list[str] = field(default_factory=list)
     # Ledger rows read for this request's read decisions, by (backend, collection, row id): reused by the
     # same request's provenance links (one ledger read per row per request; never kept across requests).
     ledger_rows: dict[tuple[str, str, str], Any] = field(default_factory=dict)

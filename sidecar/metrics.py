@@ -12,8 +12,12 @@ Series (all prefixed ``memwarden_``; durations in seconds):
   ``malformed`` (a backend row whose shape cannot be served)
 - ``request_duration_seconds`` — whole pipeline, per request
 - ``cedar_decisions_total{action,decision}`` — every Cedar answer (request- and row-level)
-- ``cedar_evaluation_errors_total{action,policy}`` — every evaluation error Cedar reported at runtime (an
-  erroring policy is skipped: an erroring forbid lets the request through), shadow mode included
+- ``cedar_evaluation_errors_total{action,policy}`` — every evaluation error of a policy Cedar reported at
+  runtime (an erroring policy is skipped: an erroring forbid lets the request through), shadow mode included;
+  an alarm: the gate proves the policies never error on a schema-valid request
+- ``cedar_not_applicable_total{action,principal_type}`` — requests the schema makes not applicable (the action
+  does not apply to the principal's or the resource's type, or is not declared: an operator key on a tenant
+  route, the forgotten-content rule's ``reassert``): denied without asking Cedar; expected traffic, not an error
 - ``cedar_batch_duration_seconds`` / ``cedar_batch_size`` — one observation per PDP call
 - ``backend_request_duration_seconds{method,outcome}`` — each backend call (outcome ok/error)
 - ``ledger_call_duration_seconds{method}`` / ``ledger_errors_total{method}`` — each ledger call
@@ -22,7 +26,7 @@ Series (all prefixed ``memwarden_``; durations in seconds):
   ``reconciler_last_run_timestamp_seconds``, ``reconciler_last_success_timestamp_seconds``
 - ``policy_reloads_total{result}`` (ok, unchanged, invalid, invariant_violation, error),
   ``policy_last_reload_success`` (1/0), ``policy_set_info{sha256}``
-- ``shadow_mode`` (1 when decisions are not enforced), ``shadow_would_deny_total{action}``
+- ``shadow_mode`` (0 enforce, 1 shadow mode ``reads``, 2 shadow mode ``all``), ``shadow_would_deny_total{action}``
 - ``ready`` — 1 when the last readyz answered 200
 
 Foreign exceptions are not swallowed by the wrappers: they are counted and re-raised, so the
@@ -68,6 +72,9 @@ class Metrics:
         self.cedar_evaluation_errors = Counter("memwarden_cedar_evaluation_errors",
                                                "Cedar evaluation errors at runtime, by action and erroring policy",
                                                ["action", "policy"], registry=r)
+        self.cedar_not_applicable = Counter("memwarden_cedar_not_applicable",
+                                            "Requests the schema makes not applicable (denied without Cedar), by action "
+                                            "and principal type", ["action", "principal_type"], registry=r)
         self.cedar_batch = Histogram("memwarden_cedar_batch_duration_seconds", "Latency of one PDP call (a batch)",
                                      buckets=_FAST, registry=r)
         self.cedar_batch_size = Histogram("memwarden_cedar_batch_size", "Cedar requests per PDP call",
@@ -91,7 +98,8 @@ class Metrics:
                                            "1 if the last reload attempt was applied (or nothing changed), 0 if rejected",
                                            registry=r)
         self.policy_set = Gauge("memwarden_policy_set_info", "The policy set in force (value 1)", ["sha256"], registry=r)
-        self.shadow_mode = Gauge("memwarden_shadow_mode", "1 when Cedar decisions are logged but NOT enforced", registry=r)
+        self.shadow_mode = Gauge("memwarden_shadow_mode", "Cedar denials logged but NOT enforced: 0 never (enforce), "
+                                 "1 of reads (SHADOW_MODE=reads), 2 of every action (SHADOW_MODE=all)", registry=r)
         self.shadow_would_deny = Counter("memwarden_shadow_would_deny", "Denials not enforced because of shadow mode",
                                          ["action"], registry=r)
         self.ready = Gauge("memwarden_ready", "1 when the last readiness check passed", registry=r)

@@ -14,6 +14,7 @@ backend failures and the backend's own 4xx, internal errors), each with its ``re
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from types import CoroutineType
 from typing import Any
@@ -25,11 +26,15 @@ from sidecar.backends.base import Profile
 from sidecar.errors import Forbidden, MemwardenError, NotFound, PayloadTooLarge, RequestTimeout, Unauthorized, to_body
 from sidecar.exchange import Exchange
 from sidecar.ledger import Ledger
+from sidecar.ledger.base import parse_key
 from sidecar.ledger.cache import enter_request, leave_request
 from sidecar.stages import canonicalize
 from sidecar.stages.authorize import Authorizer
 
 log = structlog.get_logger("memwarden.pipeline")
+# A key id as keys are made (`sidecar.ledger.base.new_key_secret`: 16 hex digits), or any short id of that
+# alphabet; another text in a presented key's id position is not logged.
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}").fullmatch
 
 
 def outcome(exc: MemwardenError, ex: Exchange) -> tuple[str, str]:
@@ -61,6 +66,10 @@ class Pipeline:
         """Process one ASGI HTTP request; returns (status, JSON body, exchange). Never raises. The decision
         event is not emitted here: the caller emits it with `record` once the answer is sent."""
         ex = Exchange(method=scope["method"], raw_path=scope.get("raw_path", b"").decode("latin-1"))
+        peer = scope.get("client")
+        if peer:
+            host = str(peer[0])
+            ex.client = f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
         try:
             # The stages in one ledger request scope (`sidecar.ledger.cache.request_scope`: the caches' token read
             # once per request), entered and left as that context manager does, without its generator.
@@ -81,6 +90,8 @@ class Pipeline:
             log.exception("pipeline_error", request_id=ex.request_id)
             status, body = 500, {"error": "internal", "message": "internal error"}
             ex.decision, ex.reason = "error", "internal_error"
+        if ex.decision != "deny":
+            ex.deny_action = None  # a denial the request survived (rows filtered out) refused nothing
         return status, body, ex
 
     def record(self, ex: Exchange, status: int) -> None:
@@ -89,8 +100,8 @@ class Pipeline:
         (`sidecar.app.PipelineMiddleware`) calls it once per request, after the response was handed to the
         connection, with the status actually sent."""
         policy = self.authz.policy
-        decisionlog.record(ex, status, policy_sha256=(ex.policy_set or policy.current).sha256,
-                           mode="shadow" if policy.shadow else "enforce")
+        mode = getattr(policy, "mode", None) or ("shadow" if policy.shadow else "enforce")
+        decisionlog.record(ex, status, policy_sha256=(ex.policy_set or policy.current).sha256, mode=mode)
 
     async def _run_stages(self, ex: Exchange, scope: dict[str, Any], receive: Any) -> tuple[int, Any]:
         """The stages of one request (`run` enters its ledger request scope)."""
@@ -102,8 +113,15 @@ class Pipeline:
         ex.query = canonicalize.canonical_query(scope.get("query_string", b""))
         headers, ex.stripped_headers = canonicalize.canonical_headers(list(scope.get("headers", [])))
         canonicalize.check_length(headers.get("content-length", []), self.max_body_bytes)
-        # 2. authenticate (before the body is read or parsed)
+        # 2. authenticate (before the body is read or parsed); the header kind and the key id it names are
+        # logged whatever the outcome (a revoked key's id included), never the secret
+        api, bearer = "x-api-key" in headers, "authorization" in headers
+        ex.auth = ("authorization+x-api-key" if bearer else "x-api-key") if api else "authorization" if bearer else "none"
         key = canonicalize.credential(headers)
+        if key is not None:  # the key id an API key names, logged whatever the outcome
+            named = parse_key(key)
+            if named is not None and _KEY_ID(named[0]) is not None:
+                ex.key_id = named[0]
         identity = self.identity
         if identity is not None:  # a bearer JWT, a mapped client certificate, or an API key (`sidecar.identity`)
             principal = await identity.authenticate(ex, key, ext.get("peercert"))

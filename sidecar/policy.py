@@ -21,8 +21,25 @@ import orjson
 
 from sidecar.errors import PolicyLoadError
 
-# Deny reasons of a Cedar answer (the decision log's ``reason``).
-NO_PERMIT, FORBID, EVALUATION_ERROR = "no_permit", "forbid", "evaluation_error"
+# Deny reasons of a Cedar answer (the decision log's ``reason``). ``not_applicable``: the schema makes the request
+# one that cannot be asked — its action is not declared, or does not apply to the principal's or the resource's
+# type (``appliesTo``): an operator key on a tenant route, the forgotten-content rule's ``reassert`` when the
+# schema has no such action. Denied without asking Cedar; not an evaluation error of any policy.
+NO_PERMIT, FORBID, EVALUATION_ERROR, NOT_APPLICABLE = "no_permit", "forbid", "evaluation_error", "not_applicable"
+
+
+def applicability(schema_text: str) -> dict[str, tuple[frozenset[str], frozenset[str]]] | None:
+    """Per action the schema declares, the principal and resource types it applies to (``appliesTo``), read
+    with the policy checker's schema parser (`invariants.schema.parse_schema`); None when that parser does not
+    take this schema (then every request goes to Cedar, which reports an inapplicable one as an error)."""
+    from invariants.schema import parse_schema
+
+    try:
+        schema = parse_schema(schema_text)
+    except Exception:  # noqa: BLE001 - a construct the checker does not model: no pre-check
+        return None
+    return {name: (frozenset(a.principals), frozenset(a.resources)) for name, a in schema.actions.items()}
+
 def canonical_json(value: Any) -> str:
     """One canonical JSON text per JSON value (object keys sorted): orjson's compact form, or — for what
     orjson refuses (an integer beyond 64 bits, a lone surrogate, a non-string key) — the standard
@@ -47,8 +64,8 @@ class Decision:
     ``"<policy id>: <message>"`` each with every quoted value elided (no entity ids or attribute values),
     and `error_policies` the ids of the policies that raised them — Cedar skips such a policy, so an
     erroring forbid lets the request through. `reason` of a Deny: ``forbid`` (a forbid matched),
-    ``evaluation_error`` (no permit held and some policy errored, or the engine failed) or ``no_permit``;
-    empty for an Allow. `would_deny`: shadow mode turned this Deny into an Allow (`reason` kept)."""
+    ``evaluation_error`` (no permit held and some policy errored, or the engine failed), ``not_applicable``
+    (the schema makes the request not applicable: Cedar was not asked) or ``no_permit``; empty for an Allow. `would_deny`: shadow mode turned this Deny into an Allow (`reason` kept)."""
 
     allowed: bool
     policies: tuple[str, ...] = ()
@@ -56,6 +73,9 @@ class Decision:
     reason: str = ""
     error_policies: tuple[str, ...] = ()
     would_deny: bool = False
+
+
+_NOT_APPLICABLE = Decision(False, (), (), NOT_APPLICABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +114,8 @@ class PolicyEngine:
         self.schema_text = schema_text
         self.policy_files = policy_files
         self.schema_file = schema_file
+        # (action -> (principal types, resource types)) of the schema, or None: `applies`.
+        self.applies_to = applicability(schema_text)
         try:
             self._schema = cedarpy.Schema.from_str(schema_text)
         except Exception as exc:  # cedarpy raises ValueError/RuntimeError subclasses
@@ -190,7 +212,25 @@ class PolicyEngine:
             self._keyed_memo[key] = decision
         return decision
 
+    def applies(self, request: CedarRequest) -> bool:
+        """Whether the schema lets `request` be asked: its action declared, applying to the principal's and the
+        resource's types. True when the schema could not be read for this (`applicability` None)."""
+        table = self.applies_to
+        if table is None:
+            return True
+        types = table.get(request.action)
+        return types is not None and request.principal[0] in types[0] and request.resource[0] in types[1]
+
     def _decide(self, requests: list[CedarRequest], entities_json: str) -> list[Decision]:
+        """Cedar's answers to `requests`; a request the schema makes not applicable (`applies`) is answered
+        `NOT_APPLICABLE` without Cedar, the others in one batch."""
+        if self.applies_to is not None and not all(self.applies(r) for r in requests):
+            asked = [r for r in requests if self.applies(r)]
+            answers = iter(self._decide_cedar(asked, entities_json) if asked else [])
+            return [next(answers) if self.applies(r) else _NOT_APPLICABLE for r in requests]
+        return self._decide_cedar(requests, entities_json)
+
+    def _decide_cedar(self, requests: list[CedarRequest], entities_json: str) -> list[Decision]:
         try:
             results = cedarpy.is_authorized_batch(
                 [r.to_json() for r in requests], self._policies, entities_json, self._schema

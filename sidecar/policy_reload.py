@@ -22,11 +22,18 @@ decision) is decided by one set, never a mix.
 Every Cedar evaluation error seen at runtime is counted (``memwarden_cedar_evaluation_errors_total
 {action,policy}``) and reaches the decision log, in shadow mode too.
 
-Shadow mode (dry run): every decision is evaluated, counted and logged, and a Deny is returned as an
-Allow marked `Decision.would_deny` — except a request across tenants (principal and resource, or a
-redistribute's target fleet, in different tenants, or a tenant that cannot be read off the entity
-store): tenant isolation stays enforced. Authentication, routing, tombstones and the ledger's row
-states are enforced as always.
+Shadow mode (dry run, ``SHADOW_MODE=reads|all``): every decision is evaluated, counted and logged, and a
+Deny of a shadowed action is returned as an Allow marked `Decision.would_deny` — except a request across
+tenants (principal and resource, or a redistribute's target fleet, in different tenants, or a tenant that
+cannot be read off the entity store): tenant isolation stays enforced. ``reads`` shadows the read actions
+only (`SHADOW_READS`: read, list, search), so a denied write, update, redistribution or delete is refused as
+in enforcement and shadow mode never overwrites or destroys data a policy protects; ``all`` shadows every
+action. Authentication, routing, tombstones and the ledger's row states are enforced as always.
+
+Only an evaluation error of a policy counts as one (``memwarden_cedar_evaluation_errors_total``). A request
+the schema makes not applicable (`sidecar.policy.NOT_APPLICABLE`: an operator on a tenant route, an action
+the schema does not declare such as ``reassert``) is a deny of its own, counted in
+``memwarden_cedar_not_applicable_total{action,principal_type}``.
 """
 
 from __future__ import annotations
@@ -52,11 +59,14 @@ from invariants.gate import GateResult
 from invariants.project import BASELINE_DIR
 from sidecar.errors import PolicyLoadError
 from sidecar.metrics import Metrics
-from sidecar.policy import CedarRequest, Decision, PolicyEngine
+from sidecar.policy import NOT_APPLICABLE, CedarRequest, Decision, PolicyEngine
 
 log = structlog.get_logger("memwarden.policy")
 
 SHADOW_POLICY = "shadow-mode:would-deny"
+# The actions ``SHADOW_MODE=reads`` shadows: those that only read (rows, a collection's listing, a search).
+SHADOW_READS = frozenset({"read", "list", "search"})
+SHADOW_MODES = {False: "off", True: "reads", "off": "off", "reads": "reads", "all": "all"}
 
 # Gate results that passed, by the SHA-256 of everything the gate read (see `admit`).
 _ADMITTED: dict[str, GateResult] = {}
@@ -192,12 +202,21 @@ class PolicyHandle:
     """The policy set in force plus its reload and shadow state. Thread-safe; `decide` never raises.
     Construction admits `directory` (raises `PolicyRefused`)."""
 
-    def __init__(self, directory: Path, metrics: Metrics, *, shadow: bool = False,
+    # The actions whose denials shadow mode turns into would-deny allows; None: every action (``all``).
+    shadow_actions: frozenset[str] | None = None
+
+    def __init__(self, directory: Path, metrics: Metrics, *, shadow: bool | str = False,
                  invariants_dir: Path | None = None, check_timeout_s: float = 120.0) -> None:
+        """`shadow`: ``off``, ``reads`` or ``all`` (`Settings.shadow_mode`; True = ``reads``, False = ``off``).
+        Raises `PolicyRefused` (the set in `directory` fails the gate), ValueError (another `shadow`)."""
         self.directory = Path(directory)
         self.invariants_dir = Path(invariants_dir) if invariants_dir is not None else None
         self.metrics = metrics
-        self.shadow = shadow
+        if shadow not in SHADOW_MODES:
+            raise ValueError(f"shadow mode {shadow!r}: off, reads or all")
+        self.shadow_mode = SHADOW_MODES[shadow]
+        self.shadow = self.shadow_mode != "off"
+        self.shadow_actions = SHADOW_READS if self.shadow_mode == "reads" else None
         self.check_timeout_s = check_timeout_s
         self._lock = threading.Lock()
         self.current: PolicySet = admit(self.directory, self.invariants_dir, check_timeout_s)
@@ -205,10 +224,24 @@ class PolicyHandle:
         self.last_problems: list[str] = []
         self._rejected_source: str | None = None
         metrics.set_policy_set(self.current.sha256)
-        metrics.shadow_mode.set(1 if shadow else 0)
-        if shadow:
-            log.warning("shadow_mode_enabled", message="SHADOW MODE: Cedar decisions are logged but NOT enforced "
-                        "(tenant isolation, authentication and the ledger still are)")
+        metrics.shadow_mode.set({"off": 0, "reads": 1, "all": 2}[self.shadow_mode])
+        if self.shadow_mode == "reads":
+            log.warning("shadow_mode_enabled", shadow_mode="reads", message="SHADOW MODE (reads): Cedar denials of "
+                        "read, list and search are logged but NOT enforced; writes, updates and deletes are "
+                        "(tenant isolation, authentication and the ledger too)")
+        elif self.shadow_mode == "all":
+            log.warning("shadow_mode_enabled", shadow_mode="all", message="SHADOW MODE (all): Cedar denials are "
+                        "logged but NOT enforced, writes and deletes included: data the policies protect can be "
+                        "overwritten or destroyed (tenant isolation, authentication and the ledger are enforced)")
+
+    @property
+    def mode(self) -> str:
+        """The decision log's and readyz's ``mode``: ``enforce``, ``shadow`` (reads) or ``shadow-all``."""
+        return {"off": "enforce", "reads": "shadow", "all": "shadow-all"}[getattr(self, "shadow_mode", "reads" if self.shadow else "off")]
+
+    def shadows(self, action: str) -> bool:
+        """Whether a denial of `action` is turned into a would-deny allow (shadow mode, and `action` shadowed)."""
+        return self.shadow and (self.shadow_actions is None or action in self.shadow_actions)
 
     @property
     def engine(self) -> PolicyEngine:
@@ -227,15 +260,17 @@ class PolicyHandle:
         decisions = ps.engine.decide(requests, entities)
         self.metrics.observe_cedar([r.action for r in requests], [d.allowed for d in decisions], time.perf_counter() - t0)
         for r, d in zip(requests, decisions):
-            for pid in d.error_policies:
-                self.metrics.cedar_evaluation_errors.labels(r.action, pid).inc()
+            if d.error_policies or d.reason == NOT_APPLICABLE:
+                self._count_errors(r.action, r.principal[0], d)
         if not self.shadow or all(d.allowed for d in decisions):
             return decisions
         by_uid = {(e["uid"]["type"], e["uid"]["id"]): e for e in entities}
         out = []
+        scope = self.shadow_actions
         for r, d in zip(requests, decisions):
-            if d.allowed or not same_tenant(r, by_uid):
-                out.append(d)  # tenant isolation is enforced in shadow mode too
+            if d.allowed or (scope is not None and r.action not in scope) or d.reason == NOT_APPLICABLE \
+                    or not same_tenant(r, by_uid):
+                out.append(d)  # tenant isolation, and actions shadow mode does not cover, are enforced
                 continue
             self.metrics.shadow_would_deny.labels(r.action).inc()
             out.append(dataclasses.replace(d, allowed=True, policies=(*d.policies, SHADOW_POLICY), would_deny=True))
@@ -248,14 +283,26 @@ class PolicyHandle:
         are called only when the answer is not memoised, or in shadow mode (which reads the entities).
         Metered as `decide`."""
         ps = policy_set or self.current
-        if self.shadow:
+        if self.shadow and (self.shadow_actions is None or action in self.shadow_actions):
             return self.decide([request()], entities(), ps)[0]
         t0 = time.perf_counter()
         decision = ps.engine.decide_keyed(key, request, entities)
         self.metrics.observe_cedar_one(action, decision.allowed, time.perf_counter() - t0)
-        for pid in decision.error_policies:
-            self.metrics.cedar_evaluation_errors.labels(action, pid).inc()
+        if decision.error_policies or decision.reason == NOT_APPLICABLE:
+            self._count_errors(action, None, decision, request)
         return decision
+
+    def _count_errors(self, action: str, principal_type: str | None, d: Decision,
+                       request: Callable[[], CedarRequest] | None = None) -> None:
+        """Count an answer's evaluation errors (``cedar_evaluation_errors_total{action,policy}``, one per erroring
+        policy; an Allow may have some: an erroring forbid is skipped), or a request the schema makes not applicable (``cedar_not_applicable_total{action,
+        principal_type}``; the principal type from `request` when not given)."""
+        for pid in d.error_policies:
+            self.metrics.cedar_evaluation_errors.labels(action, pid).inc()
+        if d.reason == NOT_APPLICABLE:
+            if principal_type is None:
+                principal_type = request().principal[0] if request is not None else "unknown"
+            self.metrics.cedar_not_applicable.labels(action, principal_type).inc()
 
     # -- reload -----------------------------------------------------------------------------
     def reload(self, force: bool = False) -> str:
@@ -320,4 +367,6 @@ class PolicyHandle:
         return {"sha256": self.current.sha256, "loaded_at": self.current.loaded_at,
                 "policies": g.policies, "invariants": g.invariants, "baseline_invariants": g.baseline,
                 "policy_tests": g.tests, "last_reload_error": self.last_error,
-                "last_reload_problems": self.last_problems or None, "shadow_mode": self.shadow}
+                "last_reload_problems": self.last_problems or None, "shadow_mode": self.shadow,
+                "shadowed_actions": (sorted(self.shadow_actions) if self.shadow_actions is not None else "all")
+                if self.shadow else None}

@@ -106,6 +106,20 @@ class Profile(Protocol):
         ...
 
 
+# An operation's Cedar action (the decision log's ``action``): one name per operation, whatever its outcome; a
+# pair when an operator key's request is decided on the deployment instead (tenant action, operator action).
+OperationActions = dict[str, "str | tuple[str, str]"]
+
+
+def operation_action(table: OperationActions, op: str, kind: str | None) -> str | None:
+    """The Cedar action of operation `op` (`OperationActions` `table`) for a principal of `kind`; None when
+    `table` names none (then the request's first request-level decision names it)."""
+    action = table.get(op)
+    if type(action) is tuple:
+        return action[1] if kind == "operator" else action[0]
+    return action  # type: ignore[return-value]
+
+
 def crash() -> None:
     """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""
     import os

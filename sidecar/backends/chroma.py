@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from sidecar.backends import updates
-from sidecar.backends.base import Route, RouteTable, crash
+from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
 from sidecar.config import Settings
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
@@ -44,7 +44,7 @@ from sidecar.planner import QueryPlanner
 from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
                                 row_text, split_metadata)
-from sidecar.stages.authorize import CHANGING_ROW, DELETED_ROW, Authorizer, well_formed_rows
+from sidecar.stages.authorize import CHANGING_ROW, DELETED_ROW, UNKNOWN_ROW, Authorizer, settle_rows, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size, nests_within, well_formed
 from sidecar.stages.forward import Upstream
 
@@ -92,6 +92,18 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", C + ("indexing_status",), "collection_info"),
 ]
 ROUTE_TABLE = RouteTable(ROUTES)  # `ChromaProfile.match`: the same answers as ``match_routes(ROUTES, ...)``
+# Each operation's Cedar action (`operation_action`): data operations by their row action (an add is a write, a
+# get, query or count a read), the others by their request-level action.
+OPERATION_ACTIONS: OperationActions = {
+    "system": ("list", "configure"), "identity": ("list", "configure"), "reset": "reset",
+    "create_tenant": ("admin", "manage_tenants"), "get_tenant": ("list", "manage_tenants"), "admin_tenant": "admin",
+    "create_database": ("admin", "manage_tenants"), "list_databases": ("list", "manage_tenants"),
+    "get_database": ("list", "manage_tenants"), "delete_database": "admin", "list_collections": "list",
+    "create_collection": "create_collection", "count_collections": "list", "get_collection_by_id": "list",
+    "get_collection_by_name": "list", "modify_collection": "admin", "delete_collection": "admin",
+    "collection_info": "list", "add": "write", "upsert": "write", "update": "update", "get": "read",
+    "query": "read", "count": "read", "delete": "delete",
+}
 
 # Governed metadata keys the sidecar stamps (the client may request `sidecar.provenance.REQUESTABLE`).
 STAMPED = ("mw_tenant", "mw_fleet", "mw_owner", "mw_scope", "mw_writer", "mw_created_at", "mw_readers", "mw_labels",
@@ -360,6 +372,7 @@ class ChromaProfile:
 
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
         ex.operation = route.op
+        ex.action = operation_action(OPERATION_ACTIONS, route.op, ex.principal.kind if ex.principal else None)
         handler = getattr(self, f"op_{route.op}")
         try:
             if route.op in BY_COLLECTION_ID:
@@ -747,9 +760,10 @@ class ChromaProfile:
                 # nothing from what follows (which ids exist, which parent, fact or content is known).
                 as_new = [self._new_row(ex, rec, row_id, split[i][1], texts[i]) for i, row_id in enumerate(ids)]
                 decisions = self.authz.decide_rows(ex, "write", as_new)
-                denied = [r.row_id for r, d in zip(as_new, decisions) if not d.allowed]
+                denied = [(r.row_id, d.reason) for r, d in zip(as_new, decisions) if not d.allowed]
                 if denied:
-                    ex.decision, ex.action, ex.row_ids = "deny", "write", denied
+                    ex.decision, ex.deny_action = "deny", "write"
+                    settle_rows(ex, [r.row_id for r, d in zip(as_new, decisions) if d.allowed], denied)
                     raise Forbidden(f"write is not permitted for {len(denied)} of {len(ids)} rows")
             await offloop.call(self.ledger, decide_write)
 
@@ -757,9 +771,12 @@ class ChromaProfile:
         if op == "add" and known:
             raise Conflict("ids already exist")
         if op == "update" and len(known) != len(ids):
+            settle_rows(ex, [], [(i, UNKNOWN_ROW) for i in dict.fromkeys(ids) if i not in known])
             raise NotFound("record not found", reason="unknown_row")
         if any(r.status not in ("active", "superseded") for r in known.values()):
             # tombstoned or reserved ids never come back; for the caller they do not exist
+            if op == "update":
+                settle_rows(ex, [], [(i, DELETED_ROW) for i in dict.fromkeys(ids) if known[i].status not in ("active", "superseded")])
             raise Conflict("ids already exist") if op != "update" else NotFound("record not found", reason="deleted_row")
         new_ids = [i for i in ids if i not in known]
         if new_ids:
@@ -771,9 +788,13 @@ class ChromaProfile:
         def check_existing() -> None:
             # Existing rows must be readable (else they do not exist for the caller), then updatable.
             existing = [known[i] for i in ids if i in known]
-            visible = self.authz.readable(ex, BACKEND, rec.collection_id, [r.row_id for r in existing], include_superseded=True)
+            refusals: list[tuple[str, str]] = []
+            visible = self.authz.readable(ex, BACKEND, rec.collection_id, [r.row_id for r in existing], include_superseded=True,
+                                          refusals=refusals)
             if len(visible) != len(existing):
                 ex.decision = "deny"
+                refused = {i for i, _ in refusals}
+                settle_rows(ex, [i for i in dict.fromkeys(ids) if i not in refused], refusals)
                 raise NotFound("record not found")
             refuse_claims([pre[i] for i, row_id in enumerate(ids) if row_id not in known])
             echoed = [i for i, row_id in enumerate(ids) if row_id in known and (pre[i][1] or any(k in split[i][1] for k in WRITE_ONCE))]
@@ -834,15 +855,18 @@ class ChromaProfile:
                     continue
                 ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
                 decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
-                denied = [r.row_id for (r, _), d in zip(batch, decisions) if not d.allowed]
+                denied = [(r.row_id, d.reason) for (r, _), d in zip(batch, decisions) if not d.allowed]
                 if denied:
-                    ex.decision, ex.action, ex.row_ids = "deny", action, denied
+                    ex.decision, ex.deny_action = "deny", action
+                    refused = {i for i, _ in denied}
+                    settle_rows(ex, [i for i in dict.fromkeys(ids) if i not in refused], denied)
                     raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
             self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
             self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
             return final, changed
         final, changed = await offloop.call(self.ledger, decide_changes)
-        ex.action, ex.decision, ex.row_ids = op, "allow", list(ids)
+        ex.decision = "allow"
+        settle_rows(ex, list(dict.fromkeys(ids)), [])
 
         forwarded = dict(body)
         # Stamped: new rows, and existing rows whose governance this write changes. An existing row whose governance
@@ -1467,11 +1491,17 @@ class ChromaProfile:
                 include=[], offset=0, limit=None, keep=lambda batch: set(batch),
             )
             candidate_ids = [r["ids"] for r in candidates]
+        candidate_ids = list(dict.fromkeys(candidate_ids))
         known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
         rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
+        # Ids refused before Cedar: not governed, or tombstoned/pending (the decision log's one counting rule).
+        refused = [(i, UNKNOWN_ROW if i not in known else DELETED_ROW) for i in candidate_ids
+                   if i not in known or known[i].status not in ("active", "superseded")]
 
         def decide() -> list[str]:
             decisions = self.authz.decide_rows(ex, "delete", rows)
+            refused.extend((r.row_id, d.reason) for r, d in zip(rows, decisions) if not d.allowed)
+            allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
             if ids is not None and not where and not where_document:
                 # By ids: all-or-nothing, as a write. A named row the caller may read but not delete is 403; one it
                 # cannot read is answered as a missing id (Chroma deletes missing ids with 200).
@@ -1479,16 +1509,19 @@ class ChromaProfile:
                 shown = self.authz.readable(ex, BACKEND, rec.collection_id, denied, include_superseded=True,
                                             count=False) if denied else set()
                 if shown:
-                    ex.action, ex.decision, ex.row_ids = "delete", "deny", [i for i in denied if i in shown]
+                    ex.decision, ex.deny_action = "deny", "delete"
+                    settle_rows(ex, allowed, refused)
                     raise Forbidden(f"delete is not permitted for {len(shown)} of {len(ids)} rows")
-            return [r.row_id for r, d in zip(rows, decisions) if d.allowed]
+            return allowed
         allowed = await offloop.call(self.ledger, decide)
         if limit is not None:
             allowed = allowed[:limit]
-        ex.action, ex.row_ids = "delete", allowed
-        ex.rows_allowed, ex.rows_denied = len(allowed), len(candidate_ids) - len(allowed)
+        settle_rows(ex, allowed, refused)
         ex.decision = "allow" if allowed or not candidate_ids else "deny"
         if not allowed:
+            if candidate_ids:  # a delete that deletes nothing it named: refused, logged with the ids (200, as Chroma)
+                ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
+                ex.reason = refused[-1][1] if refused else ex.reason
             return 200, {"deleted": 0}
         # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
         # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).

@@ -46,7 +46,7 @@ from typing import Any, Iterable
 import structlog
 
 from sidecar.backends import updates
-from sidecar.backends.base import Route, RouteTable, crash
+from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
 from sidecar.config import Settings
 from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
@@ -59,7 +59,7 @@ from sidecar.ledger.base import RowVersion
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.rowsize import check_row_size, row_bytes
-from sidecar.stages.authorize import Authorizer, well_formed_rows
+from sidecar.stages.authorize import DELETED_ROW, UNKNOWN_ROW, Authorizer, settle_rows, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
@@ -99,6 +99,14 @@ ROUTES: list[tuple[str, tuple[str, ...], str]] = [
     ("GET", ("requests",), "blocked"),
 ]
 ROUTE_TABLE = RouteTable(ROUTES)  # `Mem0Profile.match`: the same answers as ``match_routes(ROUTES, ...)``
+# Each operation's Cedar action (`operation_action`, the decision log's ``action``): data operations by their row
+# action, the others by their request-level action; an operator's reset and configuration by the deployment's.
+OPERATION_ACTIONS: OperationActions = {
+    "add": "write", "list": "read", "delete_all": "delete", "get": "read", "update": "update", "delete": "delete",
+    "history": "read", "search": "read", "reset": ("delete", "reset"), "configure_get": "configure",
+    "configure_set": "configure", "providers": ("list", "configure"), "generate_instructions": "admin",
+    "blocked": "admin",
+}
 
 IDENTITY = ("user_id", "agent_id", "run_id")
 OPERATORS = {"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains"}
@@ -233,6 +241,7 @@ class Mem0Profile:
 
     async def handle(self, ex: Exchange, route: Route) -> tuple[int, Any]:
         ex.operation = route.op
+        ex.action = operation_action(OPERATION_ACTIONS, route.op, ex.principal.kind if ex.principal else None)
         return await getattr(self, f"op_{route.op}")(ex, route.params)  # type: ignore[no-any-return]
 
     # -- helpers ------------------------------------------------------------------------------
@@ -355,7 +364,7 @@ class Mem0Profile:
         if p.kind != "agent":
             raise Forbidden("tenant admin keys cannot own memories; write with an agent key")
         if body.get("agent_id") is not None and self._agent_ref(p, body["agent_id"]) != p.uid[1]:
-            ex.action, ex.decision = "write", "deny"
+            ex.decision = "deny"
             raise Forbidden("agent_id names another agent; memwarden sets agent_id to the caller")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -389,12 +398,11 @@ class Mem0Profile:
             # HMAC come from Mem0's events.
             template = self.prov.new_row(ex, self.coll, f"pending:{ex.request_id}", requested, None,
                                          extra={"cedar": cedar_attrs} if cedar_attrs else {})
-            ex.action = "write"
             # The write decision comes first: a principal that may not write learns nothing from the
             # provenance checks (which parent or fact exists, which content was deleted).
             denied = self._decide_all(ex, "write", [template])
             if denied:
-                ex.action, ex.decision = "write", "deny"
+                ex.decision, ex.deny_action = "deny", "write"
                 raise Forbidden("write is not permitted")
             self.prov.check_parents(ex, [template])
             self.prov.check_supersession(ex, [template])
@@ -404,7 +412,7 @@ class Mem0Profile:
         candidates: dict[str, Row] = {}
         if infer:
             candidates = await self._confine_infer(ex, p, cedar_attrs)
-        ex.action, ex.decision = "write", "allow"
+        ex.decision = "allow"
         forwarded: dict[str, Any] = {"messages": messages, "agent_id": p.uid[1], "metadata": self._stamp(plain, template),
                                      "infer": infer, **cedar_attrs}
         for key in ("expiration_date", "prompt"):
@@ -432,7 +440,7 @@ class Mem0Profile:
                 raise Conflict("infer=true cannot be confined: memories in scope are deleted or not governed; send infer=false")
             batch = list(known.values())
             if self._decide_all(ex, "update", batch) or self._decide_all(ex, "delete", batch):
-                ex.action, ex.decision = "update", "deny"
+                ex.decision = "deny"  # `deny_action`: the action denied (update, else delete)
                 raise Forbidden("infer=true may change memories you cannot update or delete; send infer=false")
             return known
         return await offloop.call(self.ledger, confine)
@@ -578,13 +586,15 @@ class Mem0Profile:
                 self.prov.set_content(new, text)
                 self.prov.check_forgotten(ex, [new])
             if self._decide_all(ex, "update", [row]):
-                ex.action, ex.decision = "update", "deny"
+                ex.decision, ex.deny_action = "deny", "update"
+                settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
                 raise Forbidden("update is not permitted")
             moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
             if moved:
                 ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
                 if self._decide_all(ex, "redistribute", [row], [ctx]):
-                    ex.action, ex.decision = "redistribute", "deny"
+                    ex.decision, ex.deny_action = "deny", "redistribute"
+                    settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
                     raise Forbidden("redistribute is not permitted")
                 self.prov.check_move(ex, [(row, new)])
             return row, new, moved
@@ -604,7 +614,8 @@ class Mem0Profile:
         """The rest of `op_update`, holding the memory's update marker: Mem0's update, then the ledger's — the new
         governance and content HMAC, and the version this update wrote into Mem0's history (`_history_event`), so that
         its history entry is served under the governance it was written under (`op_history`)."""
-        ex.action, ex.decision, ex.row_ids = "update", "allow", [mid]
+        ex.decision = "allow"
+        settle_rows(ex, [mid], [])
         forwarded: dict[str, Any] = {k: body[k] for k in ("text", "expiration_date") if k in body}
         # The new governance is stamped only when it changes (Mem0 merges metadata into the memory's): an update
         # that keeps it leaves the stamp as it is, so it commutes with another update in flight, whose new stamp it
@@ -1115,32 +1126,46 @@ class Mem0Profile:
         mid = params["memory_id"]
 
         def decide() -> Row:
-            row = self._servable([mid]).get(mid)
+            row = self.ledger.get_rows(BACKEND, self.coll, [mid]).get(mid)
             # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
             # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
-            if row is None or self._decide_all(ex, "delete", [row]):
-                ex.action, ex.decision = "delete", "deny"
-                if row is not None and mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True):
-                    raise Forbidden("delete is not permitted")
-                raise NotFound(NOT_FOUND, reason="unknown_row") if row is None else NotFound(NOT_FOUND)
+            if row is None or row.status not in ("active", "superseded"):
+                ex.decision = "deny"
+                settle_rows(ex, [], [(mid, UNKNOWN_ROW if row is None else DELETED_ROW)])
+                raise NotFound(NOT_FOUND, reason="unknown_row")
+            if self._decide_all(ex, "delete", [row]):
+                ex.decision, ex.deny_action = "deny", "delete"
+                refused = [(mid, ex.reason or "no_permit")]
+                shown = mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True, count=False)
+                settle_rows(ex, [], refused)
+                ex.reason = refused[0][1]  # the delete's denial, not the read check's
+                if shown:
+                    raise Forbidden("delete is not permitted", reason=refused[0][1])
+                raise NotFound(NOT_FOUND)
             return row
         row = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        ex.action, ex.decision, ex.row_ids = "delete", "allow", [mid]
+        ex.decision = "allow"
+        settle_rows(ex, [mid], [])
         await self._delete_rows(ex, [row])
         return 200, {"message": "Memory deleted successfully"}
 
     async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
         ids = [r["id"] for r in rows]
 
-        def decide() -> tuple[list[Row], set[str]]:
-            known = self._servable(ids)
+        def decide() -> tuple[list[Row], list[tuple[str, str]]]:
+            rows = self.ledger.get_rows(BACKEND, self.coll, ids)
+            known = {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
             candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
-            return candidates, set(self._decide_all(ex, "delete", candidates))
-        candidates, denied = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        allowed = [r for r in candidates if r.row_id not in denied]
-        ex.action, ex.row_ids = "delete", [r.row_id for r in allowed[:20]]
-        ex.rows_allowed, ex.rows_denied = len(allowed), len(set(ids)) - len(allowed)
+            refused = [(i, UNKNOWN_ROW if i not in rows else DELETED_ROW) for i in dict.fromkeys(ids) if i not in known]
+            decisions = self.authz.decide_rows(ex, "delete", candidates)
+            refused += [(r.row_id, d.reason) for r, d in zip(candidates, decisions) if not d.allowed]
+            return [r for r, d in zip(candidates, decisions) if d.allowed], refused
+        allowed, refused = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
+        settle_rows(ex, [r.row_id for r in allowed], refused)
         ex.decision = "allow" if allowed or not ids else "deny"
+        if not allowed and refused:  # deletes nothing it matched: refused, logged with the ids
+            ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
+            ex.reason = refused[-1][1]
         return await self._delete_rows(ex, allowed)
 
     async def op_delete_all(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
@@ -1201,7 +1226,6 @@ class Mem0Profile:
         return 200, await self._call("POST", ["generate-instructions"], json_body=body)
 
     async def op_blocked(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
-        ex.action = "admin"
         raise Forbidden("this operation is not available through memwarden", reason="blocked_route")
 
     async def reconcile(self) -> int:

@@ -32,12 +32,47 @@ UNKNOWN_ROW, DELETED_ROW, SUPERSEDED_ROW = "unknown_row", "deleted_row", "supers
 # A row whose governance as the backend answered it (the stamp written with its content) is not the ledger's: an
 # update is between its backend write and its ledger write, or the two disagree after a failed one. Never served.
 CHANGING_ROW = "changing_row"
-_CAP = 20  # ids and errors kept per decision-log event
+_CAP = 20  # evaluation errors kept per decision-log event
+_IDS = 100  # row ids kept per list of a decision-log event (`sidecar.decisionlog.IDS_MAX`)
 MAX_ROW_DEPTH = 32
 
 
 def tally(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
+
+
+def note_action(ex: Exchange, action: str) -> None:
+    """Add `action` to the Cedar actions decided for `ex` (``actions``, in the order first asked)."""
+    actions = ex.actions
+    if action not in actions:
+        actions.append(action)
+
+
+def settle_rows(ex: Exchange, allowed: list[str], refused: list[tuple[str, str]]) -> None:
+    """The row counts of an operation that acts on rows (write, update, delete), by the one counting rule of
+    the decision log (`sidecar.decisionlog`): each row the request named or matched once, by its outcome —
+    `allowed` (ids whose every decision allowed) and `refused` ((id, reason) pairs: a Cedar reason counts in
+    ``rows_denied``; ``unknown_row`` in ``rows_unknown``; ``superseded_row`` in ``rows_hidden_superseded``;
+    ``deleted_row`` and ``changing_row`` in ``rows_hidden_deleted``). Replaces what the request's auxiliary
+    checks (the read check before an update or a delete) counted; ``row_ids`` and ``denied_row_ids`` keep
+    the first `_IDS` ids of each."""
+    reasons: dict[str, int] = {}
+    denied = unknown = superseded = hidden = 0
+    for _, reason in refused:
+        reasons[reason] = reasons.get(reason, 0) + 1
+        if reason == UNKNOWN_ROW:
+            unknown += 1
+        elif reason == SUPERSEDED_ROW:
+            superseded += 1
+        elif reason in (DELETED_ROW, CHANGING_ROW):
+            hidden += 1
+        else:
+            denied += 1
+    ex.rows_allowed, ex.rows_denied, ex.rows_unknown = len(allowed), denied, unknown
+    ex.rows_hidden_superseded, ex.rows_hidden_deleted = superseded, hidden
+    ex.row_deny_reasons = reasons
+    ex.row_ids = list(allowed[:_IDS])
+    ex.denied_row_ids = [i for i, _ in refused[:_IDS]]
 
 
 def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callable[[Any], Any],
@@ -65,8 +100,9 @@ def well_formed_rows(ex: Exchange, backend: str, rows: list[Any], id_of: Callabl
 # The exchange's fields a failed key re-check resets (to a new exchange's values): every field but the
 # request itself (method, path, parsed input), its identity and timing, what it stripped, and the per-read
 # ledger state the read's own code drops. A field added to `Exchange` is reset unless listed here.
-_REQUEST_FIELDS = frozenset({"method", "raw_path", "segments", "query", "headers", "body", "ledger_rows", "prefetched",
-                             "prefetched_owners", "key_recheck", "stripped_headers", "request_id", "started_ns"})
+_REQUEST_FIELDS = frozenset({"method", "raw_path", "client", "auth", "key_id", "segments", "query", "headers", "body",
+                             "ledger_rows", "prefetched", "prefetched_owners", "key_recheck", "stripped_headers",
+                             "request_id", "started_ns"})
 _DECISION_FIELDS = tuple(f.name for f in dataclasses.fields(Exchange) if f.name not in _REQUEST_FIELDS)
 
 
@@ -204,6 +240,8 @@ class Authorizer:
         """Ask the PDP under the exchange's policy set and record every answer on `ex`."""
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
+        for r in requests:
+            note_action(ex, r.action)
         return self._record(ex, requests, self.policy.decide(requests, entities, ex.policy_set))
 
     def _record(self, ex: Exchange, requests: list[CedarRequest], decisions: list[Decision]) -> list[Decision]:
@@ -218,11 +256,12 @@ class Authorizer:
             if not d.allowed:
                 ex.deny_policies.update(d.policies or d.error_policies)
                 ex.reason = d.reason  # the latest denial explains a refusal raised right after it
+                ex.deny_action = r.action
             elif d.would_deny:
                 ex.would_deny += 1
                 tally(ex.would_deny_reasons, d.reason)
                 ex.deny_policies.update(p for p in d.policies if p != "shadow-mode:would-deny")
-                if r.resource[0] == "Memory" and len(ex.would_deny_row_ids) < _CAP:
+                if r.resource[0] == "Memory" and len(ex.would_deny_row_ids) < _IDS:
                     ex.would_deny_row_ids.append(r.resource[1].split(":", 2)[-1])  # "<backend>:<collection>:<row id>"
         if errors:
             log.warning("cedar_evaluation_error", request_id=ex.request_id, actions=sorted({r.action for r in requests}),
@@ -310,9 +349,17 @@ class Authorizer:
 
     @staticmethod
     def _required(ex: Exchange, action: str, rtype: str, rid: str, decision: Decision) -> None:
-        ex.action, ex.resource = action, f"{rtype}::{rid}"
+        # The operation's action stays the one its profile named (`Exchange.action`); one that names none
+        # is logged under its first request-level action.
+        if ex.action is None:
+            ex.action = action
+        ex.resource = f"{rtype}::{rid}"
+        acts = ex.actions
+        if action not in acts:
+            acts.append(action)
         if not decision.allowed:
             ex.decision = "deny"
+            ex.deny_action = action
             raise Forbidden(f"{action} is not permitted", reason=decision.reason)
         ex.decision = "allow"
 
@@ -369,6 +416,7 @@ class Authorizer:
         if not decision.allowed:
             ex.deny_policies.update(decision.policies or decision.error_policies)
             ex.reason = decision.reason
+            ex.deny_action = action
         return decision
 
     def decide_rows(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[Decision]:
@@ -386,6 +434,9 @@ class Authorizer:
             return []
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
+        acts = ex.actions
+        if action not in acts:
+            acts.append(action)
         engine = ex.policy_set.engine
         attrs = getattr(engine, "row_classes", None)
         if contexts is not None or attrs is None:
@@ -472,6 +523,7 @@ class Authorizer:
                 if not d.allowed:
                     ex.reason = d.reason  # the latest denial's
                     break
+            ex.deny_action = action
         return decisions
 
     async def prefetch(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str], always: bool = False) -> None:
@@ -541,13 +593,15 @@ class Authorizer:
 
     def readable(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                  include_superseded: bool = False, as_of: int | None = None, count: bool = True,
-                 stamps: Mapping[str, Any] | None = None) -> set[str]:
+                 stamps: Mapping[str, Any] | None = None, refusals: list[tuple[str, str]] | None = None) -> set[str]:
         """The subset of `row_ids` the principal may read now (ledger lookup + one batched ``read``)."""
-        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count, stamps))
+        return set(self.readable_rows(ex, backend, collection_id, row_ids, include_superseded, as_of, count, stamps,
+                                      refusals))
 
     def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
                       include_superseded: bool = False, as_of: int | None = None, count: bool = True,
-                      stamps: Mapping[str, Any] | None = None) -> dict[str, Row]:
+                      stamps: Mapping[str, Any] | None = None, refusals: list[tuple[str, str]] | None = None
+                      ) -> dict[str, Row]:
         """Like `readable`, returning the ledger rows. By default only ``active`` rows are servable;
         `include_superseded` adds superseded ones; `as_of` (UTC µs) serves the rows that were current
         then (created by then and not yet superseded). Deleted and pending rows are never servable.
@@ -558,7 +612,9 @@ class Authorizer:
         With `count` (the rows a response is made of, not auxiliary checks such as links to other rows)
         the outcome of every id is added to the exchange: ``rows_allowed``, ``rows_denied`` (Cedar),
         ``rows_hidden_superseded``, ``rows_hidden_deleted`` (tombstoned, pending or changing), ``rows_unknown``
-        (not governed by the ledger), and their reasons in ``row_deny_reasons``."""
+        (not governed by the ledger), and their reasons in ``row_deny_reasons``; the refused ids (Cedar's denials,
+        then the withheld ids) to ``denied_row_ids`` (up to `_IDS`). `refusals`, when given, gets an (id, reason)
+        pair for every id not readable (`settle_rows` takes them)."""
         if not row_ids:
             return {}
         pre = ex.prefetched.get((backend, collection_id))
@@ -573,32 +629,43 @@ class Authorizer:
         # One pass over the ids: the servable rows go to Cedar; every other id is withheld with its reason.
         candidates: list[Row] = []
         withheld: list[str] = []
+        withheld_ids: list[str] = []
         current = as_of is None  # then an active row is servable (`servable`), without the call
         for i in dict.fromkeys(row_ids):
             row = known.get(i)
             if row is None:
                 withheld.append(UNKNOWN_ROW)
+                withheld_ids.append(i)
             elif not ((current and row.status == "active") or servable(row, include_superseded, as_of)):
                 withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
+                withheld_ids.append(i)
             elif stamps is not None and not stamped_as(stamps.get(row.row_id), row):
                 withheld.append(CHANGING_ROW)
+                withheld_ids.append(i)
             else:
                 candidates.append(row)
         decisions = self.decide_rows(ex, "read", candidates)
         allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
         if withheld:
             ex.reason = withheld[-1]
+        if refusals is not None:
+            refusals.extend((row.row_id, d.reason) for row, d in zip(candidates, decisions) if not d.allowed)
+            refusals.extend(zip(withheld_ids, withheld))
         if count:
             reasons = ex.row_deny_reasons
             for reason in withheld:
                 reasons[reason] = reasons.get(reason, 0) + 1
             ex.rows_allowed += len(allowed)
+            refused = ex.denied_row_ids
             if len(allowed) < len(candidates):
-                for d in decisions:
+                for row, d in zip(candidates, decisions):
                     if not d.allowed:
                         ex.rows_denied += 1
                         reasons[d.reason] = reasons.get(d.reason, 0) + 1
+                        if len(refused) < _IDS:
+                            refused.append(row.row_id)
             if withheld:
+                refused.extend(withheld_ids[:max(0, _IDS - len(refused))])
                 unknown, superseded = withheld.count(UNKNOWN_ROW), withheld.count(SUPERSEDED_ROW)
                 ex.rows_unknown += unknown
                 ex.rows_hidden_superseded += superseded

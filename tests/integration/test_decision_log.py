@@ -5,6 +5,9 @@ deleted and unknown rows, and no content or key is logged."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,7 +17,7 @@ import pytest
 from sidecar.harness import Server, free_port, start_sidecar
 from sidecar.ledger import CollectionRecord, SQLiteLedger
 from tests.integration.conftest import POLICIES, Stack
-from tests.integration.logutil import decision, file_sink
+from tests.integration.logutil import decision, decisions, file_sink
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +54,8 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Stack, Path]) ->
                             (owner, ["v2"], [{**fact, "mw_object": "running"}])):
         r, e = call(stack, log, "POST", f"{base}/add", key, json={
             "ids": ids, "embeddings": [[0.1, 0.2]], "documents": [f"secret text of {ids[0]}"], "metadatas": metas})
-        assert r.status_code == 200 and (e["decision"], e["reason"], e["action"]) == ("allow", None, "add")
-        assert "write-trust-ladder" in e["policies"]
+        assert r.status_code == 200 and (e["decision"], e["reason"], e["action"]) == ("allow", None, "write")
+        assert "write-trust-ladder" in e["policies"] and e["actions"][:2] == ["list", "write"]
 
     # a row written straight into Chroma, around the sidecar: the ledger does not govern it
     stack.direct(t.name).get_collection(t.collection).add(ids=["ghost"], embeddings=[[0.1, 0.2]], documents=["raw"])
@@ -75,7 +78,7 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Stack, Path]) ->
     # 403: Cedar's deny (no permit for a trust-0 write), and a deployment-wide route (operators only)
     r, e = call(stack, log, "POST", f"{base}/add", reader, json={"ids": ["n"], "embeddings": [[0.1, 0.2]]})
     assert r.status_code == 403 and (e["decision"], e["reason"], e["action"]) == ("deny", "no_permit", "write")
-    assert e["deny_policies"] is None and e["row_deny_reasons"] is None
+    assert e["deny_policies"] is None and e["row_deny_reasons"] == {"no_permit": 1} and e["deny_action"] == "write"
     r, e = call(stack, log, "POST", "/api/v2/reset", owner)
     assert r.status_code == 403 and (e["decision"], e["reason"], e["action"]) == ("deny", "no_permit", "reset")
     # 403 by a forbid: another tenant's namespace
@@ -91,7 +94,7 @@ def test_every_status_has_its_decision_and_reason(logged: tuple[Stack, Path]) ->
     # 409: the write was permitted, the id exists — not an allow
     r, e = call(stack, log, "POST", f"{base}/add", owner, json={"ids": ["mine"], "embeddings": [[0.1, 0.2]]})
     assert r.status_code == 409 and (e["decision"], e["reason"]) == ("error", "conflict")
-    assert "write-trust-ladder" in e["policies"]
+    assert "write-trust-ladder" in e["policies"] and (e["action"], e["deny_action"]) == ("write", None)
     # 413
     big = {"ids": ["big"], "embeddings": [[0.1, 0.2]], "documents": ["x" * (LIMIT + 1)]}
     r, e = call(stack, log, "POST", f"{base}/add", owner, json=big)
@@ -118,3 +121,152 @@ def test_backend_down_is_an_error_not_a_decision(tmp_path: Path) -> None:
         assert e["policies"] == ["agent-search-list"]  # allowed by policy, answered by nobody
     finally:
         side.stop()
+
+
+# -- issue 34, finding 4: the audit trail ---------------------------------------------------------------------
+
+
+def test_every_event_says_who_from_where_how_and_on_what(logged: tuple[Stack, Path]) -> None:
+    """The fields of schema version 1 on every kind of answer: 401 (no key, a revoked key, a malformed one) and
+    404 carry the client address, the path and the credential kind; an authenticated event the key id and
+    principal; one action name per operation (an add is ``write`` whether allowed, refused or conflicting)."""
+    stack, log = logged
+    t = stack.tenant("who")
+    owner = stack.key(t.name, "red", "owner", 1)
+    reader = stack.key(t.name, "red", "reader", 0)
+    base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
+    # 401 without a key: client, path and "none"
+    r, e = call(stack, log, "POST", f"{base}/get", None, json={})
+    assert r.status_code == 401
+    assert e["client"].startswith("127.0.0.1:") and int(e["client"].rsplit(":", 1)[1]) > 0
+    assert (e["path"], e["auth"], e["key_id"], e["principal"]) == (f"{base}/get", "none", None, None)
+    # 401 with a revoked key: its key id is logged (never the secret), no principal
+    revoked = stack.key(t.name, "red", "gone", 1)
+    kid = revoked.removeprefix("mwk_").split(".")[0]
+    ledger = stack.ledger()
+    try:
+        ledger.revoke_key(kid)
+    finally:
+        ledger.close()
+    with stack.http() as h:
+        r = h.post(f"{base}/get", json={}, headers={"Authorization": f"Bearer {revoked}"})
+    e = decision(log, r.headers["x-request-id"])
+    assert r.status_code == 401 and (e["auth"], e["key_id"], e["principal"], e["reason"]) == (
+        "authorization", kid, None, "not_authenticated")
+    assert revoked.split(".", 1)[1] not in log.read_text()
+    # 404 on an unmapped route: client and path
+    r, e = call(stack, log, "GET", "/api/v2/no/such/route", owner)
+    assert r.status_code == 404 and e["path"] == "/api/v2/no/such/route" and e["client"].startswith("127.0.0.1:")
+    assert (e["auth"], e["key_id"], e["principal"]) == ("x-api-key", owner.removeprefix("mwk_").split(".")[0],
+                                                         f"Agent::{t.name}/red/owner")
+    # one action per operation: add is `write` allowed, refused (403) and conflicting (409)
+    add = {"ids": ["w1"], "embeddings": [[0.1, 0.2]]}
+    outcomes = []
+    for key in (owner, reader, owner):
+        r, e = call(stack, log, "POST", f"{base}/add", key, json=add)
+        outcomes.append((r.status_code, e["action"], e["operation"]))
+    assert outcomes == [(200, "write", "add"), (403, "write", "add"), (409, "write", "add")]
+    # a get is `read` (its request-level `list` is in `actions`)
+    r, e = call(stack, log, "POST", f"{base}/get", owner, json={"ids": ["w1"]})
+    assert (e["action"], e["actions"], e["resource"]) == ("read", ["list", "read"], f"Collection::chroma:{t.collection_id}")
+
+
+def test_deletes_and_updates_count_rows_alike_and_log_refused_ids(logged: tuple[Stack, Path]) -> None:
+    """One counting rule: each row named counted once, by outcome; a refused delete (Chroma answers 200 with
+    nothing deleted for an id the caller cannot see) names the refused row ids."""
+    stack, log = logged
+    t = stack.tenant("cnt")
+    owner = stack.key(t.name, "red", "owner", 1)
+    peer = stack.key(t.name, "red", "peer", 1)  # same fleet: reads the fleet rows, may change none of them
+    base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
+    with stack.http(owner) as h:
+        r = h.post(f"{base}/add", json={"ids": ["f1", "f2", "p1", "p2"], "embeddings": [[0.1, 0.2]] * 4,
+                                         "metadatas": [{"mw_scope": "fleet"}] * 2 + [{"mw_scope": "agent"}] * 2})
+        assert r.status_code == 200
+    # allowed: one row updated, one deleted — the same counts
+    _, up = call(stack, log, "POST", f"{base}/update", owner, json={"ids": ["f1"], "documents": ["x"]})
+    _, de = call(stack, log, "POST", f"{base}/delete", owner, json={"ids": ["f2"]})
+    for e, action in ((up, "update"), (de, "delete")):
+        assert (e["action"], e["decision"], e["rows_allowed"], e["rows_denied"], e["row_ids"], e["denied_row_ids"]) == (
+            action, "allow", 1, 0, [e["row_ids"][0]], None)
+    # refused by Cedar on a row the caller can read: 403 for both, one denied row, its id
+    r_up, up = call(stack, log, "POST", f"{base}/update", peer, json={"ids": ["f1"], "documents": ["y"]})
+    r_de, de = call(stack, log, "POST", f"{base}/delete", peer, json={"ids": ["f1"]})
+    assert r_up.status_code == r_de.status_code == 403
+    for e, action in ((up, "update"), (de, "delete")):
+        assert (e["decision"], e["deny_action"], e["rows_allowed"], e["rows_denied"], e["denied_row_ids"]) == (
+            "deny", action, 0, 1, ["f1"]), e
+        assert e["row_deny_reasons"] == {"no_permit": 1}
+    # a row the caller cannot read: update 404, delete 200 with nothing deleted — both log the id as denied
+    r_up, up = call(stack, log, "POST", f"{base}/update", peer, json={"ids": ["p1"], "documents": ["y"]})
+    r_de, de = call(stack, log, "POST", f"{base}/delete", peer, json={"ids": ["p1"]})
+    assert r_up.status_code == 404 and r_de.status_code == 200 and r_de.json() == {"deleted": 0}
+    for e in (up, de):
+        assert (e["decision"], e["rows_allowed"], e["rows_denied"], e["denied_row_ids"]) == ("deny", 0, 1, ["p1"]), e
+    assert de["deny_action"] == "delete"
+    # ids nobody governs count as unknown, not as denied, on both
+    r_up, up = call(stack, log, "POST", f"{base}/update", owner, json={"ids": ["nope"], "documents": ["y"]})
+    r_de, de = call(stack, log, "POST", f"{base}/delete", owner, json={"ids": ["nope"]})
+    assert r_up.status_code == 404 and r_de.status_code == 200
+    for e in (up, de):
+        assert (e["rows_denied"], e["rows_unknown"], e["denied_row_ids"]) == (0, 1, ["nope"]), e
+    # a deleted row: hidden as deleted on both
+    r_up, up = call(stack, log, "POST", f"{base}/update", owner, json={"ids": ["f2"], "documents": ["y"]})
+    r_de, de = call(stack, log, "POST", f"{base}/delete", owner, json={"ids": ["f2"]})
+    assert r_up.status_code == 404 and r_de.status_code == 200
+    for e in (up, de):
+        assert (e["rows_denied"], e["rows_hidden_deleted"], e["denied_row_ids"]) == (0, 1, ["f2"]), e
+
+
+def _six_requests(stack: Stack, log: Path) -> list[str]:
+    t = stack.tenant("lvl")
+    key = stack.key(t.name, "red", "a", 1)
+    base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
+    ids = []
+    with stack.http(key) as h:
+        for r in (h.post(f"{base}/add", json={"ids": ["x"], "embeddings": [[0.1, 0.2]]}),
+                  h.post(f"{base}/get", json={}), h.get(f"{base}/count"), h.get("/api/v2/no/such"),
+                  h.post(f"{base}/delete", json={"ids": ["x"]})):
+            ids.append(r.headers["x-request-id"])
+    with stack.http() as h:
+        ids.append(h.post(f"{base}/get", json={}).headers["x-request-id"])
+    return ids
+
+
+@pytest.mark.parametrize("level", ["WARNING", "error"])
+def test_the_log_level_never_silences_the_decision_log(tmp_path: Path, chroma_server: Server, level: str) -> None:
+    """``LOG_LEVEL=WARNING`` wrote 0 decision lines for 6 requests on main."""
+    log = tmp_path / "decisions.jsonl"
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES,
+                         extra_env=file_sink(log, MEMWARDEN_LOG_LEVEL=level))
+    try:
+        ids = _six_requests(Stack(chroma_server, side, tmp_path / "ledger.db"), log)
+        for rid in ids:  # each of the 6 requests has its event (and so has every request of the set-up)
+            decision(log, rid)
+        assert len(decisions(log)) >= 6
+    finally:
+        side.stop()
+
+
+def test_decision_log_off_is_explicit(tmp_path: Path, chroma_server: Server) -> None:
+    log = tmp_path / "decisions.jsonl"
+    side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES,
+                         extra_env=file_sink(log, MEMWARDEN_DECISION_LOG="off"))
+    try:
+        stack = Stack(chroma_server, side, tmp_path / "ledger.db")
+        _six_requests(stack, log)
+        assert decisions(log) == []
+        assert "decision_log_off" in log.read_text() and "decisions OFF" in side.log.read_text()
+        assert side.readiness().json()["decision_log"] == "off"
+    finally:
+        side.stop()
+
+
+def test_an_unknown_log_level_stops_serve(tmp_path: Path, chroma_server: Server) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.upper().startswith("MEMWARDEN_")},
+           "MEMWARDEN_BACKEND_URL": chroma_server.url, "MEMWARDEN_POLICIES_DIR": str(POLICIES),
+           "MEMWARDEN_LEDGER_PATH": str(tmp_path / "l.db"), "MEMWARDEN_LOG_LEVEL": "verbose"}
+    out = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--port", str(free_port())], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "MEMWARDEN_LOG_LEVEL" in out.stdout + out.stderr
+    assert "unknown log level 'verbose'" in out.stdout + out.stderr

@@ -140,7 +140,8 @@ def test_a_label_change_is_decided_as_redistribute(labelled: tuple[Server, Path,
         r = post(owner, "update", {"ids": ["held"], "metadatas": [{"mw_labels": ""}]})
         event = decision(log, r.headers["x-request-id"])
         assert r.status_code == 403, r.text
-        assert (event["action"], event["reason"], event["deny_policies"]) == ("redistribute", "forbid", ["legal-hold-stays"])
+        assert (event["action"], event["deny_action"], event["reason"], event["deny_policies"]) == (
+            "update", "redistribute", "forbid", ["legal-hold-stays"])
         r = post(owner, "update", {"ids": ["held"], "metadatas": [{"mw_scope": "agent", "mw_labels": "legal-hold"}]})
         assert r.status_code == 403, r.text                                 # a re-scope is redistribute too
         r = post(owner, "delete", {"ids": ["held"]})          # readable, not deletable: 403 (tests/conformance)

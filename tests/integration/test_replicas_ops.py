@@ -68,12 +68,14 @@ def test_shadow_mode_refused_then_loud(chroma_server: Server, tmp_path: Path) ->
     refused = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--port", "1"], env=env,
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "SHADOW_MODE_CONFIRM" in refused.stdout + refused.stderr
+    # SHADOW_MODE=all (explicit): every denial within the tenant is shadowed, writes included (issue 34: the
+    # default shadow mode, reads, enforces them — tests/integration/test_shadow_mode.py)
     side = start_sidecar(chroma_server.url, tmp_path / "ledger.db", POLICIES, extra_env={
-        "MEMWARDEN_SHADOW_MODE": "true", "MEMWARDEN_SHADOW_MODE_CONFIRM": "decisions-are-not-enforced"})
+        "MEMWARDEN_SHADOW_MODE": "all", "MEMWARDEN_SHADOW_MODE_CONFIRM": "decisions-are-not-enforced"})
     try:
         ready = side.readiness().json()
-        assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
-        assert metric(side, "memwarden_shadow_mode") == 1.0
+        assert ready["mode"] == "shadow-all" and "NOT enforced" in ready["warning"] and "destroyed" in ready["warning"]
+        assert metric(side, "memwarden_shadow_mode") == 2.0
         assert "shadow_mode_enabled" in side.log.read_text()
         from sidecar.ledger import SQLiteLedger
 

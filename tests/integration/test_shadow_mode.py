@@ -75,3 +75,47 @@ def test_tenant_isolation_is_enforced_in_shadow_mode(shadow: tuple[Stack, Path])
     r, e = call(stack, log, "POST", f"/api/v2/tenants/{u.name}/databases/default_database/collections/{u.collection_id}/get",
                 mallory, json={})
     assert r.status_code == 404 and e["reason"] == "unknown_collection"
+
+
+def test_shadow_mode_reads_never_destroys_or_overwrites_denied_rows(shadow: tuple[Stack, Path]) -> None:
+    """Issue 34 (finding 6): in shadow mode (``true``, i.e. ``reads``) reads are widened and logged as would-deny,
+    but a write, update or delete the policies deny is refused as in enforcement: a principal of another fleet
+    cannot tombstone or overwrite a row it may not change (on main it tombstoned it for good)."""
+    stack, log = shadow
+    t = stack.tenant("shdel")
+    owner = stack.key(t.name, "red", "owner", 1)
+    peer = stack.key(t.name, "blue", "peer", 1)  # another fleet, trust 1: may neither delete nor update red's rows
+    base = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}"
+    with stack.http(owner) as h:
+        r = h.post(f"{base}/add", json={"ids": ["keep", "keep2"], "embeddings": [[1.0, 0.0], [0.0, 1.0]],
+                                         "documents": ["red fleet runbook", "red fleet notes"],
+                                         "metadatas": [{"mw_scope": "fleet"}, {"mw_scope": "agent"}]})
+        assert r.status_code == 200
+    # the read is widened: the peer sees the red fleet's row, logged as a would-deny
+    r, e = call(stack, log, "POST", f"{base}/get", peer, json={"ids": ["keep"]})
+    assert r.json()["ids"] == ["keep"] and e["would_deny"] == 1 and e["mode"] == "shadow"
+    # ... but its delete by id is refused (403: it can read the row in shadow mode), and logged with the id
+    r, e = call(stack, log, "POST", f"{base}/delete", peer, json={"ids": ["keep"]})
+    assert r.status_code == 403
+    assert (e["decision"], e["action"], e["deny_action"], e["denied_row_ids"]) == ("deny", "delete", "delete", ["keep"])
+    assert e["rows_denied"] == 1 and e["rows_allowed"] == 0
+    # a delete by filter deletes nothing it may not delete
+    r, e = call(stack, log, "POST", f"{base}/delete", peer, json={"where": {"mw_scope": "fleet"}})
+    assert r.status_code == 200 and r.json() == {"deleted": 0}
+    assert e["decision"] == "deny" and e["denied_row_ids"] == ["keep"]
+    # an update (overwrite) and an upsert are refused too
+    r, e = call(stack, log, "POST", f"{base}/update", peer, json={"ids": ["keep"], "documents": ["overwritten"]})
+    assert r.status_code == 403 and (e["deny_action"], e["denied_row_ids"]) == ("update", ["keep"])
+    r, e = call(stack, log, "POST", f"{base}/upsert", peer, json={"ids": ["keep2"], "embeddings": [[0.5, 0.5]],
+                                                                    "documents": ["overwritten"]})
+    assert r.status_code == 403
+    # the rows are intact: active in the ledger, unchanged in Chroma
+    with stack.http(owner) as h:
+        got = h.post(f"{base}/get", json={"ids": ["keep", "keep2"], "include": ["documents"]}).json()
+    assert dict(zip(got["ids"], got["documents"])) == {"keep": "red fleet runbook", "keep2": "red fleet notes"}
+    ledger = stack.ledger()
+    try:
+        rows = ledger.get_rows("chroma", t.collection_id, ["keep", "keep2"])
+        assert {i: r.status for i, r in rows.items()} == {"keep": "active", "keep2": "active"}
+    finally:
+        ledger.close()

@@ -1,4 +1,6 @@
-"""Earlier code of `sidecar.stages.authorize`, kept as test references."""
+"""Earlier code of `sidecar.stages.authorize`, kept as test references, with the decision log's bookkeeping of
+issue 34 added (`note_action`, ``deny_action``, `refused_ids`: the Cedar actions decided, the action denied and the
+refused row ids), which the faster code keeps too."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row
 from sidecar.policy import CedarRequest, Decision, canonical_json
 from sidecar.stages.authorize import (CLASS_MEMO_SIZE, DELETED_ROW, SUPERSEDED_ROW, UNKNOWN_ROW, Authorizer, class_values,
-                                      servable)
+                                      note_action, servable)
+
+
+def refused_ids(ex: Exchange, candidates: list[Row], decisions: list[Decision], withheld_ids: list[str]) -> None:
+    """Issue 34: ``denied_row_ids`` gets the ids Cedar denied, then the withheld ones, up to 100 in all."""
+    for row, d in zip(candidates, decisions):
+        if not d.allowed and len(ex.denied_row_ids) < 100:
+            ex.denied_row_ids.append(row.row_id)
+    ex.denied_row_ids.extend(withheld_ids[:max(0, 100 - len(ex.denied_row_ids))])
 
 
 class Authorizer_fe121ba(Authorizer):
@@ -21,6 +31,7 @@ class Authorizer_fe121ba(Authorizer):
             return []
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
+        note_action(ex, action)
         engine = ex.policy_set.engine
         attrs = getattr(engine, "row_classes", None)
         if contexts is not None or attrs is None:
@@ -73,6 +84,7 @@ class Authorizer_fe121ba(Authorizer):
                 ex.deny_policies.update(d.policies or d.error_policies)
         if latest_denial is not None:
             ex.reason = latest_denial.reason
+            ex.deny_action = action
         return decisions
 
     def readable_rows(self, ex: Exchange, backend: str, collection_id: str, row_ids: list[str],
@@ -89,14 +101,17 @@ class Authorizer_fe121ba(Authorizer):
         # One pass over the ids: the servable rows go to Cedar; every other id is withheld with its reason.
         candidates: list[Row] = []
         withheld: list[str] = []
+        withheld_ids: list[str] = []
         for i in dict.fromkeys(row_ids):
             row = known.get(i)
             if row is None:
                 withheld.append(UNKNOWN_ROW)
+                withheld_ids.append(i)
             elif servable(row, include_superseded, as_of):
                 candidates.append(row)
             else:
                 withheld.append(SUPERSEDED_ROW if row.status == "superseded" else DELETED_ROW)
+                withheld_ids.append(i)
         decisions = self.decide_rows(ex, "read", candidates)
         allowed = {row.row_id: row for row, d in zip(candidates, decisions) if d.allowed}
         if withheld:
@@ -106,6 +121,7 @@ class Authorizer_fe121ba(Authorizer):
             for reason in withheld:
                 reasons[reason] = reasons.get(reason, 0) + 1
             ex.rows_allowed += len(allowed)
+            refused_ids(ex, candidates, decisions, withheld_ids)
             if len(allowed) < len(candidates):
                 for d in decisions:
                     if not d.allowed:

@@ -33,8 +33,12 @@ class Exchange:
     body: Any = None
     principal: Principal | None = None
     key_id: str | None = None
+    client: str | None = None  # issue 34: the decision log's schema 1 fields
+    auth: str = "none"
     operation: str = "unrouted"
     action: str | None = None
+    actions: list[str] = field(default_factory=list)
+    deny_action: str | None = None
     resource: str | None = None
     decision: str | None = None
     reason: str | None = None
@@ -53,6 +57,7 @@ class Exchange:
     would_deny_reasons: dict[str, int] = field(default_factory=dict)
     would_deny_row_ids: list[str] = field(default_factory=list)
     row_ids: list[str] = field(default_factory=list)
+    denied_row_ids: list[str] = field(default_factory=list)
     ledger_rows: dict[tuple[str, str, str], Any] = field(default_factory=dict)
     prefetched: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     prefetched_owners: dict[str, Any] = field(default_factory=dict)

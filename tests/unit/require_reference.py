@@ -41,6 +41,8 @@ def decide_request(handle: Any, key: Any, request: CedarRequest, entities: Calla
     m.cedar_decisions.labels(request.action, "allow" if decision.allowed else "deny").inc(1)
     for pid in decision.error_policies:
         handle.metrics.cedar_evaluation_errors.labels(request.action, pid).inc()
+    if decision.reason == "not_applicable":  # issue 34: metered on their own (the engine asks Cedar no more)
+        handle.metrics.cedar_not_applicable.labels(request.action, request.principal[0]).inc()
     return decision
 
 

@@ -36,23 +36,30 @@ class FixedExchange(Exchange):
 
 
 def reference_record(logger: Any, ex: Exchange, status: int, *, policy_sha256: str | None = None, mode: str = "enforce") -> None:
-    """`decisionlog.record` before issue 17, on `logger` (a structlog bound logger)."""
+    """The decision event of schema version 1 (docs/decision-log.md) logged through `logger` (a structlog bound
+    logger): the fields in their documented order."""
     shadow = {"would_deny": ex.would_deny, "would_deny_reasons": ex.would_deny_reasons or None,
-              "would_deny_row_ids": ex.would_deny_row_ids or None} if mode == "shadow" else {}
+              "would_deny_row_ids": ex.would_deny_row_ids[:100] or None} if mode != "enforce" else {}
     logger.info(
         "decision",
+        schema_version=1,
         request_id=ex.request_id,
+        client=ex.client,
+        path=ex.raw_path[:1024],
+        auth=ex.auth,
         principal=ex.principal.describe() if ex.principal else None,
         key_id=ex.key_id,
         method=ex.method,
         operation=ex.operation,
         action=ex.action,
+        deny_action=ex.deny_action,
         resource=ex.resource,
         decision=ex.decision,
         reason=ex.reason,
         status=status,
         mode=mode,
         policy_sha256=policy_sha256,
+        actions=ex.actions or None,
         policies=sorted(ex.policies),
         deny_policies=sorted(ex.deny_policies) or None,
         evaluation_errors=ex.evaluation_errors or None,
@@ -62,7 +69,8 @@ def reference_record(logger: Any, ex: Exchange, status: int, *, policy_sha256: s
         rows_hidden_deleted=ex.rows_hidden_deleted,
         rows_unknown=ex.rows_unknown,
         row_deny_reasons=ex.row_deny_reasons or None,
-        row_ids=ex.row_ids[:20],
+        row_ids=ex.row_ids[:100],
+        denied_row_ids=ex.denied_row_ids[:100] or None,
         **shadow,
         latency_us=ex.elapsed_us(),
         stripped_headers=ex.stripped_headers or None,
@@ -76,22 +84,26 @@ def cases() -> list[tuple[Exchange, int, dict[str, Any]]]:
     ex = FixedExchange("POST", "/api/v2/tenants/t/databases/db/collections/c/get", request_id="r-allow")
     ex.principal, ex.key_id, ex.operation, ex.action, ex.resource = agent, "k1", "get", "read", 'Memory::"chroma:c:x"'
     ex.decision, ex.policies, ex.rows_allowed, ex.row_ids = "allow", {"p2", "p1"}, 1, ["x"]
+    ex.client, ex.auth, ex.actions = "127.0.0.1:50123", "x-api-key", ["list", "read"]
     out.append((ex, 200, {"policy_sha256": "ab" * 32}))
     ex = FixedExchange("POST", "/q", request_id="r-batch")  # a query: 25 rows, some dropped, ids cut at 20
     ex.principal, ex.key_id, ex.operation, ex.action, ex.decision = agent, "k1", "query", "read", "allow"
     ex.policies, ex.deny_policies = {"fleet_read", "tenant_read"}, {"forbid_pii"}
     ex.rows_allowed, ex.rows_denied, ex.rows_hidden_superseded, ex.rows_hidden_deleted, ex.rows_unknown = 20, 2, 1, 1, 1
     ex.row_deny_reasons = {"forbid": 2, "superseded_row": 1, "deleted_row": 1, "unknown_row": 1}
-    ex.row_ids = [f"row-{i}" for i in range(25)]
+    ex.row_ids = [f"row-{i}" for i in range(125)]  # cut at 100
+    ex.denied_row_ids = ["d1", "d2"]
+    ex.client, ex.auth = "[::1]:4242", "authorization"
     ex.stripped_headers = ["x-chroma-token", "authorization"]
     out.append((ex, 200, {"policy_sha256": "cd" * 32}))
     ex = FixedExchange("POST", "/add", request_id="r-deny")
     ex.principal, ex.key_id, ex.operation, ex.action = agent, "k1", "add", "write"
     ex.decision, ex.reason, ex.deny_policies = "deny", "forbid", {"no_low_trust_writes"}
+    ex.deny_action, ex.actions, ex.denied_row_ids = "write", ["list", "write"], ["n1"]
     ex.evaluation_errors = ['p9: error while evaluating policy: attribute "…" not found']
     out.append((ex, 403, {"policy_sha256": "ef" * 32}))
-    ex = FixedExchange("GET", "/nope", request_id="r-unauth")  # no principal, nothing routed
-    ex.decision, ex.reason = "deny", "not_authenticated"
+    ex = FixedExchange("GET", "/nope" + "x" * 2000, request_id="r-unauth")  # no principal, nothing routed; path cut
+    ex.decision, ex.reason, ex.key_id, ex.auth, ex.client = "deny", "not_authenticated", "0123abcd", "x-api-key", "10.0.0.9:1"
     out.append((ex, 401, {}))
     ex = FixedExchange("POST", "/get", request_id="r-error")
     ex.principal, ex.key_id, ex.operation, ex.decision, ex.reason = agent, "k1", "get", "error", "backend_timeout"
@@ -103,6 +115,9 @@ def cases() -> list[tuple[Exchange, int, dict[str, Any]]]:
     ex = FixedExchange("POST", "/get", request_id="r-shadow-none")
     ex.decision = "allow"
     out.append((ex, 200, {"mode": "shadow"}))
+    ex = FixedExchange("POST", "/get", request_id="r-shadow-all")
+    ex.decision = "allow"
+    out.append((ex, 200, {"mode": "shadow-all"}))
     ex = FixedExchange("POST", "/get", request_id="r-odd")  # non-ASCII, quotes, a huge count (stdlib fallback)
     ex.principal = Principal(kind="admin", key_id="k\"2", tenant="té\u2028nant")
     ex.decision, ex.rows_allowed, ex.row_ids = "allow", 2**70, ["é", "\"q\"", "\\"]
@@ -179,11 +194,50 @@ def test_configured_sinks_write_the_same_lines(sink: str, mask: tuple[str, ...],
         assert '"principal":"mask:' in lines[1] and "t/red/a" not in text
 
 
-def test_nothing_below_the_configured_level(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", ["WARNING", "error", "CRITICAL"])
+def test_the_decision_log_does_not_follow_the_log_level(level: str, tmp_path: Path) -> None:
+    """Issue 34 (finding 4): the decision log is the audit trail. Above info the process log drops other info
+    events, never a decision event: every one is written (on main, ``LOG_LEVEL=WARNING`` wrote none)."""
     path = tmp_path / "decisions.jsonl"
-    out = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT), level="WARNING", sink="file",
-                                                                path=str(path), mask=())],
+    script = _SCRIPT.replace("for ex,", 'structlog.get_logger("memwarden").info("dropped", n=1)\nfor ex,')
+    out = subprocess.run([sys.executable, "-c", script.format(root=str(ROOT), level=level, sink="file",
+                                                              path=str(path), mask=())],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert len(lines) == len(cases()) and all('"event":"between"' in line for line in lines)
+    events = [json.loads(line) for line in lines]
+    decisions = [e for e in events if e["event"] == "decision"]
+    # every request's decision event (the reference, logged through structlog's bound logger, is filtered out)
+    assert [d["request_id"] for d in decisions] == [ex.request_id for ex, _, _ in cases()]
+    assert all(d["schema_version"] == 1 for d in decisions)
+    assert not any(e["event"] == "dropped" for e in events)  # the process log still follows the level
+    warnings = sum(e["event"] == "between" for e in events)
+    assert warnings == (len(cases()) if level.upper() == "WARNING" else 0)
+
+
+_OFF = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from sidecar import decisionlog
+from tests.unit.test_decisionlog_lines import cases
+decisionlog.configure("INFO", "file", Path({path!r}), decision_log=False)
+for ex, status, kw in cases():
+    decisionlog.record(ex, status, **kw)
+import structlog
+structlog.get_logger("memwarden").info("other", n=1)
+"""
+
+
+def test_decision_log_off_writes_no_decision_event(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    out = subprocess.run([sys.executable, "-c", _OFF.format(root=str(ROOT), path=str(path))],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1 and '"event":"other"' in lines[0]
+
+
+def test_an_unknown_log_level_is_refused() -> None:
+    with pytest.raises(ValueError, match="verbose"):
+        decisionlog.configure("verbose")

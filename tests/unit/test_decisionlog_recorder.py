@@ -47,16 +47,21 @@ principals = st.one_of(
     st.builds(lambda d: SimpleNamespace(describe=lambda: d), st.one_of(texts, st.sampled_from([1, True]))),
 )
 counts = st.one_of(st.integers(0, 5), st.sampled_from([2 ** 64, 2 ** 70, True, 1.5]))
-str_lists = st.lists(texts, max_size=25)
+str_lists = st.lists(texts, max_size=110)
 reasons = st.dictionaries(texts, st.one_of(st.integers(0, 5), st.just(2 ** 70)), max_size=3)
 
 
 @st.composite
 def exchanges(draw: Any) -> Exchange:
-    ex = Exchange(method=draw(st.one_of(st.sampled_from(["GET", "POST"]), field_values)), raw_path="/x")
+    ex = Exchange(method=draw(st.one_of(st.sampled_from(["GET", "POST"]), field_values)),
+                  raw_path=draw(st.one_of(st.just("/x"), texts, st.just("/" + "p" * 1100), odd)))
     ex.request_id = draw(st.one_of(st.just("0123456789abcdef0123456789abcdef"), texts, odd))
     ex.principal = draw(principals)
-    for name in ("key_id", "operation", "action", "resource", "decision", "reason"):
+    ex.client = draw(st.one_of(st.none(), st.just("127.0.0.1:5000"), texts, odd))
+    ex.auth = draw(st.one_of(st.sampled_from(["none", "x-api-key", "authorization"]), field_values))
+    ex.actions = draw(st.lists(st.sampled_from(["list", "read", "é"]), max_size=3))
+    ex.denied_row_ids = draw(str_lists)
+    for name in ("key_id", "operation", "action", "deny_action", "resource", "decision", "reason"):
         setattr(ex, name, draw(st.one_of(st.none(), st.sampled_from(["get", "list", "allow", "k1", "r"]), field_values)))
     ex.policies = set(draw(st.lists(st.sampled_from(["p1", "p2", "é"]), max_size=3)))
     ex.deny_policies = set(draw(st.lists(st.sampled_from(["f1", "f2"]), max_size=2)))
@@ -73,7 +78,7 @@ def exchanges(draw: Any) -> Exchange:
 
 
 calls = st.tuples(exchanges(), st.one_of(st.sampled_from([200, 403, 500]), st.sampled_from([True, 200.0, 1])),
-                  st.one_of(st.none(), st.just("ab" * 32), odd), st.one_of(st.sampled_from(["enforce", "shadow"]), odd))
+                  st.one_of(st.none(), st.just("ab" * 32), odd), st.one_of(st.sampled_from(["enforce", "shadow", "shadow-all"]), odd))
 
 
 def outcome(fn: Any, *args: Any) -> tuple[str, Any]:

@@ -27,10 +27,14 @@ from sidecar.stages.authorize import Authorizer
 
 # -- _rechecked --------------------------------------------------------------------------------------
 
-REFERENCE_RESET = ("principal", "key_id", "operation", "action", "resource", "decision", "reason", "policy_set",
+# The key id the credential names, the client and the credential header kind are the request's own since issue 34
+# (a revoked key's 401 names its key id, as a first check's does); the actions, the denied action and the denied
+# row ids are reset with the other decision fields.
+REFERENCE_RESET = ("principal", "operation", "action", "resource", "decision", "reason", "policy_set",
                    "policies", "deny_policies", "rows_allowed", "rows_denied", "rows_malformed",
                    "rows_hidden_superseded", "rows_hidden_deleted", "rows_unknown", "row_deny_reasons",
-                   "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "row_ids")
+                   "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "row_ids",
+                   "actions", "deny_action", "denied_row_ids")
 
 
 def reference_rechecked(ex: Exchange) -> None:
@@ -67,7 +71,8 @@ def test_a_failed_recheck_resets_what_the_hand_written_list_reset() -> None:
     old.request_id = new.request_id
     old.started_ns = new.started_ns
     for name in ("policies", "deny_policies", "row_deny_reasons", "evaluation_errors", "would_deny_reasons",
-                 "would_deny_row_ids", "row_ids", "segments", "query", "headers", "ledger_rows", "prefetched",
+                 "would_deny_row_ids", "row_ids", "actions", "denied_row_ids", "client", "key_id", "segments", "query", "headers",
+                 "ledger_rows", "prefetched",
                  "prefetched_owners", "stripped_headers"):
         setattr(old, name, getattr(new, name))  # the same objects, so kept ones compare equal
     old.body = new.body

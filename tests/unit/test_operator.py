@@ -147,7 +147,7 @@ def test_metrics_count_requests_decisions_rows_and_latencies(ledger: SQLiteLedge
     assert r.status_code == 200 and r.json()["ids"] == ["r1"]  # r2 is not in the ledger: filtered
     assert client.post(f"{BASE}/get", json={}).status_code == 401
     m = samples(client)
-    assert value(m, "memwarden_requests_total", operation="get", action="list", decision="allow", status="200") == 1
+    assert value(m, "memwarden_requests_total", operation="get", action="read", decision="allow", status="200") == 1
     assert value(m, "memwarden_requests_total", operation="unrouted", action="none", decision="deny", status="401") == 1
     assert value(m, "memwarden_rows_total", result="allowed") == 1
     assert value(m, "memwarden_rows_total", result="unknown") == 1
@@ -234,23 +234,36 @@ def test_shadow_mode_refused_unless_confirmed(ledger: SQLiteLedger) -> None:
         Settings(shadow_mode=True)
 
 
-def test_shadow_mode_forwards_denied_writes_and_is_loud(ledger: SQLiteLedger, capsys: pytest.CaptureFixture[str]) -> None:
+def test_shadow_mode_forwards_denied_writes_only_when_all_and_is_loud(ledger: SQLiteLedger) -> None:
     _, reader = ledger.create_key("agent", "t", "red", "ro", 0)  # trust 0: writes are denied
     body = {"ids": ["n1"], "embeddings": [[1.0]], "documents": ["x"]}
     client, seen = make(ledger, handler=empty)
     assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": reader}).status_code == 403
     assert not any(r.url.path.endswith("/add") for r in seen)
+    # shadow mode "reads" (and the legacy "true"): a denied write is still refused, nothing is forwarded
+    for mode in (True, "reads"):
+        led = SQLiteLedger(":memory:")
+        led.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
+        _, ro = led.create_key("agent", "t", "red", "ro", 0)
+        client, seen = make(led, handler=empty, **{**SHADOW, "shadow_mode": mode})
+        assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": ro}).status_code == 403
+        assert not any(req.url.path.endswith("/add") for req in seen)
+        ready = details(client, led).json()
+        assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"] and "writes, updates and deletes are" in ready["warning"]
+        m = samples(client)
+        assert value(m, "memwarden_shadow_mode") == 1 and value(m, "memwarden_shadow_would_deny_total", action="write") == 0
+    # "all", explicitly: the denied write is forwarded, counted and flagged
     ledger2 = SQLiteLedger(":memory:")
     ledger2.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     _, reader2 = ledger2.create_key("agent", "t", "red", "ro", 0)
-    client, seen = make(ledger2, handler=empty, **SHADOW)
+    client, seen = make(ledger2, handler=empty, **{**SHADOW, "shadow_mode": "all"})
     r = client.post(f"{BASE}/add", json=body, headers={"X-API-Key": reader2})
     assert r.status_code == 200 and any(req.url.path.endswith("/add") for req in seen)
     assert client.post(f"{BASE}/add", json=body, headers={"X-API-Key": "mwk_nope.nope"}).status_code == 401  # authn still enforced
     ready = details(client, ledger2).json()
-    assert ready["mode"] == "shadow" and "NOT enforced" in ready["warning"]
+    assert ready["mode"] == "shadow-all" and "destroyed" in ready["warning"]
     m = samples(client)
-    assert value(m, "memwarden_shadow_mode") == 1
+    assert value(m, "memwarden_shadow_mode") == 2
     assert value(m, "memwarden_shadow_would_deny_total", action="write") == 1
 
 

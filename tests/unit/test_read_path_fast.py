@@ -25,9 +25,9 @@ from sidecar.ledger import SQLiteLedger
 from sidecar.ledger.sqlite import _ROW_COLUMNS, _N_ROW_COLUMNS, _row_to_db
 from sidecar.policy import CedarRequest, Decision, PolicyEngine, canonical_json
 from sidecar.stages import authorize
-from tests.unit.authorize_reference import Authorizer_fe121ba
+from tests.unit.authorize_reference import Authorizer_fe121ba, refused_ids
 from sidecar.stages.authorize import (CLASS_MEMO_SIZE, DELETED_ROW, SUPERSEDED_ROW, UNKNOWN_ROW, Authorizer, class_values,
-                                      servable, tally)
+                                      note_action, servable, tally)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = (ROOT / "policies" / "memwarden.cedarschema").read_text()
@@ -72,6 +72,7 @@ class ReferenceAuthorizer(Authorizer):
             return []
         if ex.policy_set is None:
             ex.policy_set = self.policy.current
+        note_action(ex, action)  # issue 34's bookkeeping (the actions decided)
         engine = ex.policy_set.engine
         attrs = getattr(engine, "row_classes", None)
         if contexts is not None or attrs is None:
@@ -122,6 +123,7 @@ class ReferenceAuthorizer(Authorizer):
                 tally(ex.row_deny_reasons, ex.reason)
         if count:
             ex.rows_allowed += len(allowed)
+            refused_ids(ex, candidates, decisions, withheld)  # issue 34's bookkeeping (the refused ids)
             for row, d in zip(candidates, decisions):
                 if not d.allowed:
                     ex.rows_denied += 1

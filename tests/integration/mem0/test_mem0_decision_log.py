@@ -139,3 +139,10 @@ def test_shadow_mode_serves_and_logs_would_deny_rows(shadow: tuple[Mem0Stack, Pa
     assert r.status_code == 404 and e["would_deny"] == 0
     r, e = call(s, log, "POST", "/search", stranger, json={"query": text, "top_k": 3, "threshold": 0.0})
     assert private not in [m["id"] for m in r.json()["results"]]
+    # shadow mode (reads) never carries out a denied change: the peer's update and delete are refused (issue 34)
+    r, e = call(s, log, "PUT", f"/memories/{private}", peer, json={"text": "overwritten"})
+    assert r.status_code == 403 and (e["deny_action"], e["denied_row_ids"]) == ("update", [private])
+    r, e = call(s, log, "DELETE", f"/memories/{private}", peer)
+    assert r.status_code == 403 and (e["action"], e["deny_action"], e["denied_row_ids"]) == ("delete", "delete", [private])
+    r, _ = call(s, log, "GET", f"/memories/{private}", w.keys["owner"])
+    assert r.status_code == 200 and r.json()["memory"] == text
