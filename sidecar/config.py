@@ -368,6 +368,9 @@ class Settings(BaseSettings):
             raise ValueError(f"MEMWARDEN_MAX_ROW_BYTES ({self.max_row_bytes}) must be below "
                              f"MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES ({self.backend_max_response_bytes}): a row must fit "
                              "in one backend answer")
+        return self
+
+    @model_validator(mode="after")
     def _tls_complete(self) -> "Settings":
         """TLS settings that make sense together: a certificate with its key; client verification only on a TLS
         listener; a certificate-to-principal map only with a CA that verifies the certificates."""
