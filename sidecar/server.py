@@ -366,7 +366,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                         view = memoryview(data)
                     self._hold(view[start:])
                     return
-                stop = start + room * MIN_REQUEST_BYTES + self._body_left
+                stop = start + room * MIN_REQUEST_BYTES + max(self._body_left, 0)  # > start: every step parses
                 if start == 0 and stop >= size:
                     chunk: bytes | memoryview = data
                 else:
@@ -456,7 +456,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     break
 
         def on_body(self, body: bytes) -> None:
-            self._body_left -= len(body)
+            if self._body_left > 0:  # a body of known length (a chunked one counts nothing)
+                self._body_left -= len(body)
             super().on_body(body)
 
         def on_message_complete(self) -> None:
