@@ -116,8 +116,25 @@ def _protocol_class(kind: str) -> Any:
         return HttpToolsProtocol
     if kind == "guarded":
         return server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_connections=64))
-    return server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_connections=64,
+    base = server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_connections=64,
                                                            max_pipelined_requests=1))
+
+    class OneAtATime(base):  # type: ignore[misc, valid-type]
+        """Counts requests parsed (a cycle made) and answered; `most`: the most parsed and unanswered at once."""
+        most = parsed = answered = 0
+
+        def on_headers_complete(self) -> None:
+            before = self.cycle
+            super().on_headers_complete()
+            if self.cycle is not before:
+                self.parsed += 1
+                type(self).most = max(type(self).most, self.parsed - self.answered)
+
+        def on_response_complete(self) -> None:
+            self.answered += 1
+            super().on_response_complete()
+
+    return OneAtATime
 
 
 async def _converse(kind: str, parts: list[bytes]) -> tuple[bytes, bool | str, list[Any]]:
@@ -147,6 +164,8 @@ async def _converse(kind: str, parts: list[bytes]) -> tuple[bytes, bool | str, l
     closed = transport.closed or transport.upgraded  # by the server (uvicorn closes at connection_lost too)
     proto.connection_lost(None)
     await settle()
+    if kind == "one-at-a-time":
+        assert type(proto).most <= 1  # the bound: one request parsed and unanswered at a time
     scopes = []
     for scope, body in seen:
         extensions = scope.pop("extensions", None)
