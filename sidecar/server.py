@@ -20,10 +20,12 @@ sizes in bytes, from `Settings`):
   arrived within this time, else ``408`` and close (slowloris);
 - ``max_pipelined_requests``: at most this many requests of one connection are outstanding (begun and not
   yet answered: running, queued behind the one running, or still arriving). Received bytes are handed to
-  the parser in steps that cannot hold more than the room left (a request is at least `MIN_REQUEST_BYTES`
-  long; a body of known length is one step); at the bound the rest is held, unparsed, reading stops
-  (``transport.pause_reading``), and both resume as answers complete. So a connection costs at most this
-  many queued requests plus one read (256 KiB) of held bytes, whatever it sends;
+  the parser in steps that cannot begin more requests than the room left (a request is at least
+  `MIN_REQUEST_BYTES` long; the rest of a request's head, up to its CRLF CRLF, and a body of known length
+  are one step each); at the bound the request being parsed is parsed to its end, the rest is held,
+  unparsed, reading stops (``transport.pause_reading``), and both resume as answers complete. So a
+  connection costs at most this many parsed requests waiting for (or getting) their answers, the head of
+  one more, and one read (256 KiB) of held bytes, whatever it sends;
 - ``max_unsent_bytes``: the transport's write-buffer high-water mark (``set_write_buffer_limits``). Above
   it uvicorn's ``send`` waits for the client to read (``pause_writing``), and the connection stops reading
   and parsing: no new request is started for a client that does not take its answers. The bytes queued on a
