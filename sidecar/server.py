@@ -20,10 +20,12 @@ sizes in bytes, from `Settings`):
   arrived within this time, else ``408`` and close (slowloris);
 - ``max_pipelined_requests``: at most this many requests of one connection are outstanding (begun and not
   yet answered: running, queued behind the one running, or still arriving). Received bytes are handed to
-  the parser in steps that cannot hold more than the room left (a request is at least `MIN_REQUEST_BYTES`
-  long; a body of known length is one step); at the bound the rest is held, unparsed, reading stops
-  (``transport.pause_reading``), and both resume as answers complete. So a connection costs at most this
-  many queued requests plus one read (256 KiB) of held bytes, whatever it sends;
+  the parser in steps that cannot begin more requests than the room left (a request is at least
+  `MIN_REQUEST_BYTES` long; the rest of a request's head, up to its CRLF CRLF, and a body of known length
+  are one step each); at the bound the request being parsed is parsed to its end, the rest is held,
+  unparsed, reading stops (``transport.pause_reading``), and both resume as answers complete. So a
+  connection costs at most this many parsed requests waiting for (or getting) their answers, the head of
+  one more, and one read (256 KiB) of held bytes, whatever it sends;
 - ``max_unsent_bytes``: the transport's write-buffer high-water mark (``set_write_buffer_limits``). Above
   it uvicorn's ``send`` waits for the client to read (``pause_writing``), and the connection stops reading
   and parsing: no new request is started for a client that does not take its answers. The bytes queued on a
@@ -250,7 +252,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             # The pipelining and output bounds.
             self._outstanding = 0  # requests begun (first byte parsed) whose response has not completed
             self._body_left = 0  # bytes of the current request's body (its content-length) not parsed yet
-            self._input: memoryview | None = None  # received bytes held back, unparsed, by the bounds
+            self._input: bytes | None = None  # received bytes held back by the bounds: unparsed from `_input_at`
+            self._input_at = 0
             self._feed_soon = False  # a step of `_feed_held` is scheduled
             self._headers_held = False  # a request's header deadline was lifted while its bytes were held
             self._write_paused = False  # over `max_unsent_bytes` of unsent output
@@ -347,17 +350,18 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def data_received(self, data: bytes) -> None:
             if self._input is not None:  # bytes are held back: these queue behind them (reading is paused, but
                 # a transport may still hand over what it had already read)
-                self._input = memoryview(b"".join((self._input, data)))
+                self._input = self._input[self._input_at:] + data
+                self._input_at = 0
                 return
-            self._feed(data)
+            self._feed(data, 0)
 
-        def _feed(self, data: bytes | memoryview) -> None:
+        def _feed(self, data: bytes, start: int) -> None:
             """Parse `data` in steps, each unable to begin more requests than `max_pipelined_requests` leaves
             room for; hold the rest back (and pause reading) once there is no room, or while writing is
-            paused. uvicorn's ``data_received`` otherwise: the same 400 on a parser error, the same upgrade."""
+            paused. uvicorn's ``data_received`` otherwise: the same 400 on a parser error, the same upgrade.
+            `data` from `start` on is unparsed; the bytes before it, if any, were parsed."""
             cap = self._limits.max_pipelined_requests
             size = len(data)
-            start = 0
             view: memoryview | None = None
             while start < size:
                 room = cap - self._outstanding
@@ -368,11 +372,17 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     # have been parsed and wait for (or are getting) their answers, plus one whose head waits.
                     room = 1 if room == 0 and (self._in_headers or self._in_body) else 0
                 if room == 0 or self._write_paused:
-                    if view is None:
-                        view = memoryview(data)
-                    self._hold(view[start:])
+                    self._hold(data, start)
                     return
-                stop = start + room * MIN_REQUEST_BYTES + self._body_left
+                if self._in_headers and (start >= 3 or b"\n" not in data[:3]):
+                    # The rest of a request's head is one step, to its end (CRLF CRLF: llhttp takes no bare
+                    # LF), so a long head is not parsed in small pieces (httptools joins a header's pieces:
+                    # quadratic). Searched from 3 bytes back, in bytes already parsed, unless they were in an
+                    # earlier read (then a head ending across the two reads cannot be told: the step below).
+                    end = data.find(b"\r\n\r\n", max(start - 3, 0))
+                    stop = size if end < 0 else end + 4
+                else:
+                    stop = start + room * MIN_REQUEST_BYTES + max(self._body_left, 0)  # > start: every step parses
                 if start == 0 and stop >= size:
                     chunk: bytes | memoryview = data
                 else:
@@ -394,8 +404,9 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                         self._unsupported_upgrade_warning()
                     return
 
-        def _hold(self, rest: memoryview) -> None:
-            self._input = rest
+        def _hold(self, data: bytes, start: int) -> None:
+            self._input = data
+            self._input_at = start
             if self._due is not None and self._on_due == self._headers_too_slow:
                 # The request being parsed waits for room, not for its client: its header deadline is lifted
                 # and set afresh when its bytes are parsed again.
@@ -422,7 +433,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             if self._headers_held:
                 self._headers_held = False
                 self._arm(self._limits.header_timeout_s, self._headers_too_slow)
-            self._feed(held)
+            self._feed(held, self._input_at)
             if self._input is None and not self._write_paused and self.parser is not None:
                 self.transport.hold_reading(False)
 
@@ -463,7 +474,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                     break
 
         def on_body(self, body: bytes) -> None:
-            self._body_left -= len(body)
+            if self._body_left > 0:  # a body of known length (a chunked one counts nothing)
+                self._body_left -= len(body)
             super().on_body(body)
 
         def on_message_complete(self) -> None:
