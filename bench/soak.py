@@ -2,15 +2,23 @@
 across tenants through a real sidecar in front of a real backend, with faults injected during the soak.
 
     .venv/bin/python bench/soak.py [--profile chroma|mem0|both] [--clients 64] [--seconds 60]
-                                   [--runs pg,disk] [--json out.json]
+                                   [--runs pg,disk,attacks] [--json out.json]
 
-Two runs per profile, each `--seconds` long:
+Up to three runs per profile, each `--seconds` long:
 
 - ``pg``: the ledger on a PRIVATE PostgreSQL cluster this script starts (initdb + pg_ctl, its own port, a
   temp dir; the machine's shared cluster is never touched). Faults: the backend is killed (SIGKILL) and
   restarted on the same data and port; PostgreSQL is restarted (``pg_ctl restart -m fast``).
 - ``disk``: the SQLite ledger on a small tmpfs mounted for the run. Fault: the file system is filled
   (a filler file) for a while, then freed.
+- ``attacks``: the SQLite ledger on disk; one after another, each for 15 % of the run (hardening round 3):
+  the keyless slow-read attack (45 connections each sending 12,000 pipelined ``GET /api/v2/heartbeat`` in
+  one send and never reading), a large-row writer (a trust-1 agent adding agent-scoped rows of 900 KiB that
+  only it may read, while the others list and search), and a loop of ``memwarden keys create`` / ``keys
+  revoke`` processes against the same SQLite ledger (each new key must answer 200, then 401 once revoked).
+  Printed per fault: the legitimate clients' requests, 5xx and p99 latency against the quiet part of the
+  same run, the sidecar's peak memory (VmRSS, sampled every 0.2 s), and for the key loop the revocations
+  that did not take effect.
 
 Workload per client (a random principal of 3 tenants × {red: trust 1, trust 2; blue: trust 1, trust 0}
 and each tenant's admin, per request): adds with a random scope, deletes of its own rows, gets by ids
@@ -40,9 +48,11 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import zlib
@@ -585,6 +595,146 @@ def final_reads(world: World, live: dict[str, dict[str, Any]]) -> dict[str, Any]
     return {"missing": missing, "deleted_served": deleted_served}
 
 
+# -- the attacks of hardening round 3 (run "attacks") ----------------------------------------------
+
+class RssSampler:
+    """The sidecar's resident memory (VmRSS of /proc/<pid>/status, MiB) every `every` seconds, timestamped."""
+
+    def __init__(self, pid: int, every: float = 0.2) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.samples.append((time.time(), int(line.split()[1]) / 1024))
+            except OSError:
+                return
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, start: float = 0.0, end: float = float("inf")) -> float | None:
+        inside = [m for t, m in self.samples if start <= t <= end]
+        return round(max(inside), 1) if inside else None
+
+
+class SlowReadAttack:
+    """Finding 1: `conns` keyless connections, each sending `pipelined` ``GET /api/v2/heartbeat`` in one send and
+    never reading an answer, held open until `stop`."""
+
+    def __init__(self, url: str, conns: int = 45, pipelined: int = 12_000) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.addr, self.conns, self.pipelined = (host, int(port)), conns, pipelined
+        self.socks: list[socket.socket] = []
+        self.refused = 0
+
+    def start(self) -> None:
+        burst = (f"GET /api/v2/heartbeat HTTP/1.1\r\nHost: {self.addr[0]}\r\n\r\n".encode()) * self.pipelined
+        for _ in range(self.conns):
+            try:
+                s = socket.create_connection(self.addr, timeout=5)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.setblocking(False)
+                try:
+                    s.send(burst)  # as much as the kernel takes; the rest is never sent: the attacker does not read
+                except BlockingIOError:
+                    pass
+                self.socks.append(s)
+            except OSError:
+                self.refused += 1
+
+    def stop(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
+class LargeRowWriter:
+    """Finding 3: a trust-1 agent adding agent-scoped rows of `size` bytes (only it may read them) in a loop."""
+
+    def __init__(self, world: World, who: Who, size: int = 900 * 1024) -> None:
+        self.world, self.who, self.size = world, who, size
+        self.statuses: Counter[int] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        w, who = self.world, self.who
+        with httpx.Client(base_url=w.sidecar.url, headers={"X-API-Key": who.key}, timeout=60, trust_env=False) as h:
+            while not self._stop.is_set():
+                text = f"large {uuid.uuid4().hex} " + "x" * self.size
+                try:
+                    if w.profile == "chroma":
+                        path = f"/api/v2/tenants/{who.tenant}/databases/soakdb/collections/{w.collections[who.tenant]}/add"
+                        r = h.post(path, json={"ids": [f"big-{uuid.uuid4().hex[:12]}"], "embeddings": [[0.1] * 8],
+                                               "documents": [text], "metadatas": [{"mw_scope": "agent"}]})
+                    else:
+                        r = h.post("/memories", json={"messages": [{"role": "user", "content": text}], "infer": False,
+                                                      "user_id": "soak", "metadata": {"mw_scope": "agent"}})
+                    self.statuses[r.status_code] += 1
+                except httpx.HTTPError:
+                    self.statuses[-1] += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class KeyChurn:
+    """Finding 2: ``memwarden keys create`` then ``keys revoke`` as separate processes on the sidecar's own SQLite
+    ledger, in a loop; each new key must be served (200) and, once revoked, refused (401)."""
+
+    def __init__(self, world: World, ledger_path: Path, tenant: str) -> None:
+        self.world, self.ledger, self.tenant = world, ledger_path, tenant
+        self.cycles = self.not_served = self.not_revoked = self.cli_failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ROOT / ".venv/bin/memwarden"), "keys", *args, "--ledger", str(self.ledger)],
+                              capture_output=True, text=True, timeout=60)
+
+    def _run(self) -> None:
+        path = "/api/v2/heartbeat" if self.world.profile == "chroma" else "/memories?user_id=soak"
+        with httpx.Client(base_url=self.world.sidecar.url, timeout=30, trust_env=False) as h:
+            while not self._stop.is_set():
+                made = self._cli("create", "--tenant", self.tenant, "--fleet", "red", "--agent",
+                                 f"churn{uuid.uuid4().hex[:6]}", "--trust", "1")
+                key = made.stdout.strip()
+                if made.returncode != 0 or not key or "key id " not in made.stderr:
+                    self.cli_failures += 1
+                    continue
+                key_id = made.stderr.split("key id ", 1)[1].split()[0]
+                self.not_served += h.get(path, headers={"X-API-Key": key}).status_code != 200
+                if self._cli("revoke", key_id).returncode != 0:
+                    self.cli_failures += 1
+                    continue
+                self.not_revoked += h.get(path, headers={"X-API-Key": key}).status_code != 401
+                self.cycles += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def p99_ms(events: list[Event]) -> float | None:
+    took = sorted((ev.t1 - ev.t0) * 1000 for ev in events if ev.status >= 0)
+    return round(took[min(len(took) - 1, int(len(took) * 0.99))], 1) if took else None
+
+
 # -- runs -------------------------------------------------------------------------------------------
 
 def wait_ok(sidecar: Server, seconds: float = 120) -> None:
@@ -612,6 +762,10 @@ def run(profile: str, kind: str, clients: int, seconds: float, root: Path) -> di
             pg = PrivatePostgres(root / "pg")
             env["MEMWARDEN_LEDGER_URL"] = pg.url
             ledger_args: dict[str, Any] = {"url": pg.url}
+        elif kind == "attacks":
+            env["MEMWARDEN_LEDGER_PATH"] = str(root / "ledger.db")
+            ledger_args = {"path": root / "ledger.db"}
+            SQLiteLedger(root / "ledger.db").close()
         else:
             fs = Tmpfs(root / "tmpfs")
             # only the ledger is on the small file system; the sidecar's log stays in `root`
@@ -621,8 +775,26 @@ def run(profile: str, kind: str, clients: int, seconds: float, root: Path) -> di
         sidecar = start_sidecar(backend.server.url, root / "unused.db", POLICIES, extra_env=env, timeout_s=120)
         pid = sidecar.proc.pid
         world = provision(profile, sidecar, ledger_args)
+        rss = RssSampler(pid)
+        extra: dict[str, Any] = {}
         restart_wait = 4.0 if profile == "chroma" else 2.0
-        if kind == "pg":
+        if kind == "attacks":
+            tenant = next(iter(world.by_tenant))
+            led = world.ledger()
+            try:
+                big_key = led.create_key("agent", tenant, "red", "bigwriter", 1)[1]
+                big = Who(f"{tenant}/red/bigwriter", tenant, big_key, led.authenticate(big_key))
+            finally:
+                led.close()
+            slow = SlowReadAttack(sidecar.url)
+            writer = LargeRowWriter(world, big)
+            churn = KeyChurn(world, root / "ledger.db", tenant)
+            extra = {"slow": slow, "writer": writer, "churn": churn}
+            span = seconds * 0.15
+            faults = [(seconds * 0.10, "slow-read attack (keyless)", slow.start, lambda: (time.sleep(span), slow.stop())),
+                      (seconds * 0.40, "large-row writer", writer.start, lambda: (time.sleep(span), writer.stop())),
+                      (seconds * 0.70, "keys create/revoke loop", churn.start, lambda: (time.sleep(span), churn.stop()))]
+        elif kind == "pg":
             faults = [(seconds * 0.15, f"{profile} killed and restarted", backend.kill,
                        lambda: (time.sleep(restart_wait), backend.restart())),
                       (seconds * 0.75, "PostgreSQL restarted", pg.restart if pg else (lambda: None), lambda: time.sleep(1.0))]
@@ -631,7 +803,25 @@ def run(profile: str, kind: str, clients: int, seconds: float, root: Path) -> di
                        lambda: (time.sleep(seconds * 0.2), fs.free() if fs else None))]
         work, windows = asyncio.run(soak(world, clients, seconds, faults, seed=zlib.crc32(f"{profile}/{kind}".encode())))
         wait_ok(sidecar)
+        rss.stop()
         result = check(world, work, windows)
+        quiet = [ev for ev in work.events
+                 if not any(w["start"] - 0.5 <= ev.t0 <= w["end"] + GRACE_S for w in windows)]
+        result["quiet_p99_ms"] = p99_ms(quiet)
+        result["peak_rss_mib"] = rss.peak()
+        result["quiet_peak_rss_mib"] = max((round(m, 1) for t, m in rss.samples
+                                            if not any(w["start"] <= t <= w["end"] for w in windows)), default=None)
+        for f, w in zip(result["faults"], windows):
+            during = [ev for ev in work.events if w["start"] <= ev.t0 <= w["end"]]
+            f["p99_ms"] = p99_ms(during)
+            f["peak_rss_mib"] = rss.peak(w["start"], w["end"])
+        if extra:
+            slow, writer, churn = extra["slow"], extra["writer"], extra["churn"]
+            result["attack_detail"] = {
+                "slow-read connections opened": len(slow.socks), "slow-read connections refused": slow.refused,
+                "large-row writes": dict(writer.statuses),
+                "key cycles": churn.cycles, "new keys not served": churn.not_served,
+                "revocations not effective": churn.not_revoked, "key CLI failures": churn.cli_failures}
         result.update({"profile": profile, "run": kind, "clients": clients, "seconds": seconds,
                        "sidecar_restarted": sidecar.proc.poll() is not None or sidecar.proc.pid != pid})
         return result
@@ -656,10 +846,15 @@ def report(r: dict[str, Any]) -> None:
               "sidecar_5xx_outside_faults", "backend_5xx_outside_faults", "error_bodies_with_rows", "partial_answers", "acknowledged_writes_lost",
               "acknowledged_deletes_not_tombstoned", "acknowledged_deletes_served_at_end", "sidecar_restarted"):
         print(f"  {k:40s} {r[k]}")
+    print(f"  quiet: p99 {r['quiet_p99_ms']} ms, peak RSS {r['quiet_peak_rss_mib']} MiB; whole run peak RSS "
+          f"{r['peak_rss_mib']} MiB")
     for f in r["faults"]:
         print(f"  fault: {f['fault']}: at {f['injected_at_s']} s for {f['lasted_s']} s; {f['requests']} requests "
               f"({f['ok']} ok, {f['4xx']} 4xx, {f['5xx']} 5xx, {f['timeouts']} client timeouts) {f['statuses']}; "
-              f"first success {f['recovered_after_s']} s after it ended")
+              f"first success {f['recovered_after_s']} s after it ended; p99 {f['p99_ms']} ms, "
+              f"peak RSS {f['peak_rss_mib']} MiB")
+    for k, v in r.get("attack_detail", {}).items():
+        print(f"  {k:40s} {v}")
     for e in r["examples"] + [str(x) for x in r["sidecar_5xx_examples"]]:
         print(f"    e.g. {e}")
     if r["lost_detail"]:
@@ -671,7 +866,7 @@ def main() -> int:
     ap.add_argument("--profile", default="both", choices=("chroma", "mem0", "both"))
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--runs", default="pg,disk")
+    ap.add_argument("--runs", default="pg,disk,attacks")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -694,7 +889,10 @@ def main() -> int:
     bad = [r for r in results if any(r[k] for k in (
         "unreadable_rows_served", "deleted_rows_served", "unknown_rows_served", "sidecar_5xx_outside_faults",
         "error_bodies_with_rows", "partial_answers", "acknowledged_writes_lost", "acknowledged_deletes_not_tombstoned",
-        "acknowledged_deletes_served_at_end", "sidecar_restarted"))]
+        "acknowledged_deletes_served_at_end", "sidecar_restarted"))
+        or any(r.get("attack_detail", {}).get(k) for k in ("new keys not served", "revocations not effective"))
+        # an attack is not a backend fault: the legitimate clients must see no 5xx and no timeout during it
+        or (r["run"] == "attacks" and any(f["5xx"] or f["timeouts"] for f in r["faults"]))]
     print(f"\n{len(results) - len(bad)} of {len(results)} runs clean")
     return 1 if bad else 0
 

@@ -47,6 +47,7 @@ from .concrete import evaluate
 from .engine import Policy, Replay, authorize
 from .errors import Unsupported
 from .summary import counterexample_summary as cx_summary
+from .summary import policy_strings
 from .schema import LONG, Schema
 from .translate import (LONG_MAX, LONG_MIN, PolicyTerm, Query, Registry, Request, Store, Translator, Val,
                         background, policy_set_terms)
@@ -149,7 +150,7 @@ def describe(r: CheckResult, policies: list[Policy]) -> CheckResult:
     cex = r.counterexample
     if not cex:
         return r
-    r.summary = cx_summary(cex)
+    r.summary = cx_summary(cex, policy_strings(policies))
     if "new" in cex and "cedar" not in cex:  # --compare: the side that allows the request
         side = cex["new"] if cex.get("invariant") == "newly-permitted" else cex["old"]
         cedar = side.get("cedar") or {}

@@ -1,6 +1,6 @@
 """``policy-check``: the command-line entry point (console script in pyproject.toml).
 
-    policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit]
+    policy-check DIR [--invariants PATH]... [--schema FILE] [--format text|json|sarif|junit|markdown]
                      [--counterexamples DIR] [--timeout SECONDS]
     policy-check --compare OLD NEW [--format ...]   (the changed cells of the access matrix, and per action)
     policy-check explain DIR [--format text|json] [--action A]...   (the access matrix, invariants.matrix)
@@ -16,6 +16,7 @@ Exit codes are documented in ``invariants.report``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -43,6 +44,7 @@ class Format(str, Enum):
     json = "json"
     sarif = "sarif"
     junit = "junit"
+    markdown = "markdown"
 
 
 def _save(rep: Report, out_dir: Path) -> None:
@@ -163,8 +165,10 @@ def explain(
     from .matrix import build_matrix, diff_matrices
 
     console = Console(soft_wrap=False) if fmt == Format.text else Console(file=sys.stdout, soft_wrap=True)
-    if fmt == Format.text and not console.is_terminal:
-        console.width = max(console.width, 200)  # the tables are wide; a pipe or CI log does not wrap them
+    if fmt == Format.text and not console.is_terminal and compare is None and "COLUMNS" not in os.environ:
+        # the matrix's tables are wide; a pipe or CI log does not wrap them (a --compare too wide for the
+        # console prints one changed cell per block instead, and COLUMNS is honoured)
+        console.width = max(console.width, 200)
     if (directory is None) == (compare is None):
         raise typer.BadParameter("give either DIR or --compare OLD NEW")
     if fmt not in (Format.text, Format.json):

@@ -14,11 +14,14 @@ not a valid escape") when Cedar reports it at the end of the statement.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import cedarpy
 from cedarpy import pst
@@ -44,6 +47,7 @@ class Policy:
     text: str
     column: int = 1
     template: bool = False
+    unmodelled: str | None = None  # why the condition is not translated (then ``ast`` has no clauses): UNKNOWN
 
     @property
     def where(self) -> str:
@@ -82,11 +86,134 @@ def _statements(text: str) -> list[tuple[int, str]]:
 
 
 def _parse_error(text: str) -> str | None:
+    """Cedar's parse error for ``text``, or None when Cedar parses it (text deeper than cedarpy's typed-AST
+    nesting limit parses: `parse_text` flattens it or reports UNKNOWN)."""
     try:
-        cedarpy.policies_to_pst(text)
+        _to_pst(text)
     except ValueError as exc:
-        return str(exc)
+        return None if NESTING in str(exc) else str(exc)
     return None
+
+
+# cedarpy.policies_to_pst refuses expressions nested deeper than 100 levels ("expression nesting exceeds the
+# supported limit of 100 levels"): a chain of 99 `||` or `&&` is that deep, though Cedar parses, validates and
+# evaluates it.
+NESTING = "expression nesting exceeds"
+NESTING_LIMIT = 100
+NESTING_MODELLED = 500  # deeper (original, unbalanced) expressions are UNKNOWN: see `_flattened`
+_DEEP_STACK = 512 * 1024 * 1024  # bytes of (virtual) stack for the thread reading deep Cedar JSON
+_DEEP_RECURSION = 200_000
+
+
+def _deep(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a thread with a large stack and recursion limit: ``json.loads`` of a long chain's Cedar JSON
+    (two objects per level) recurses once per level. Returns its value or raises its exception."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["v"] = fn()
+        except BaseException as exc:  # noqa: BLE001 — re-raised on the caller's thread
+            out["e"] = exc
+
+    old_stack, old_limit = threading.stack_size(), sys.getrecursionlimit()
+    threading.stack_size(_DEEP_STACK)
+    sys.setrecursionlimit(max(old_limit, _DEEP_RECURSION))
+    try:
+        t = threading.Thread(target=run, name="policy-check-deep")
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old_stack)
+        sys.setrecursionlimit(old_limit)
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
+def _balance(node: Any) -> Any:
+    """Cedar JSON (EST) with every chain of one operator ``&&`` or ``||`` rebuilt as a balanced tree, in the same
+    left-to-right order. Exact: both operators are associative in Cedar, errors and short-circuiting included
+    (``(a || b) || c`` and ``a || (b || c)`` evaluate ``a``, then ``b`` only when ``a`` is false, then ``c``
+    only when both are, and raise the first error met). A chain of n terms becomes ⌈log2 n⌉ levels deep."""
+    if isinstance(node, list):
+        return [_balance(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) == 1:
+        op = next(iter(node))
+        if op in ("&&", "||") and isinstance(node[op], dict) and set(node[op]) == {"left", "right"}:
+            terms: list[Any] = []
+            stack = [node]
+            while stack:
+                n = stack.pop()
+                if isinstance(n, dict) and len(n) == 1 and op in n and isinstance(n[op], dict) \
+                        and set(n[op]) == {"left", "right"}:
+                    stack += [n[op]["right"], n[op]["left"]]
+                else:
+                    terms.append(_balance(n))
+
+            def build(ts: list[Any]) -> Any:
+                if len(ts) == 1:
+                    return ts[0]
+                mid = len(ts) // 2
+                return {op: {"left": build(ts[:mid]), "right": build(ts[mid:])}}
+
+            return build(terms)
+    return {k: _balance(v) for k, v in node.items()}
+
+
+def _depth(node: Any) -> int:
+    """Nesting depth of the expressions in Cedar JSON (EST): one level per operator object (iterative)."""
+    best, stack = 0, [(node, 0)]
+    while stack:
+        n, d = stack.pop()
+        if isinstance(n, dict):
+            if len(n) == 1 and next(iter(n)) not in ("Value", "Var", "Slot", "__entity"):
+                d += 1
+            stack += [(v, d) for v in n.values()]
+        elif isinstance(n, list):
+            stack += [(v, d) for v in n]
+        best = max(best, d)
+    return best
+
+
+def _flattened(stmt: str) -> tuple[tuple[Any, bool], str | None]:
+    """The typed AST of one statement too deep for cedarpy's converter: its &&/|| chains balanced (`_balance`),
+    through Cedar's own JSON form and back. Returns ``((ast, template), None)``, or ``((ast without its
+    conditions, template), reason)`` when the statement is deeper than `NESTING_MODELLED` (Cedar's evaluator
+    fails on very deep expressions with "recursion limit reached", at a depth that depends on the stack left:
+    about 1,700 `||` terms on an 8 MiB main thread) or still too deep for the converter once balanced; the
+    caller reports every check such a policy can affect as UNKNOWN naming the limit, never as invalid."""
+    doc = _deep(lambda: json.loads(cedarpy.policies_to_json_str(stmt)))
+    conds = [pol.get("conditions", []) for g in ("staticPolicies", "templates") for pol in doc.get(g, {}).values()]
+    depth = _depth(conds)
+    if depth <= NESTING_MODELLED:
+        try:
+            balanced = _deep(lambda: json.dumps(_balance(doc)))
+            return _only(_to_pst(cedarpy.policies_from_json_str(balanced))), None
+        except (ValueError, RecursionError):  # no chain to balance: still too deep for the converter
+            reason = (f"expression nesting deeper than the {NESTING_LIMIT} levels cedarpy's typed AST supports "
+                      "once its &&/|| chains are flattened")
+    else:
+        reason = (f"expression nesting {depth} levels deep, beyond the {NESTING_MODELLED} levels policy-check "
+                  "models (Cedar's evaluator stops with \"recursion limit reached\" on deep enough expressions)")
+    for cs in conds:
+        cs.clear()
+    return _only(_to_pst(cedarpy.policies_from_json_str(json.dumps(doc)))), reason
+
+
+def _to_pst(text: str) -> Any:
+    """``cedarpy.policies_to_pst(text)`` on a thread with a large stack: the converter recurses natively and a
+    chain of a few thousand terms overflows a main thread's stack before it reports its nesting limit."""
+    return _deep(lambda: cedarpy.policies_to_pst(text))
+
+
+def _only(ps: Any) -> tuple[Any, bool]:
+    """The one policy or template of a parsed statement, and whether it is a template."""
+    if ps.static_policies:
+        return next(iter(ps.static_policies.values())), False
+    return next(iter(ps.templates.values())), True
 
 
 _FRAGMENT = re.compile(r"`([^`]*)`")
@@ -216,32 +343,56 @@ def _refine(text: str, toks: list[Token], lo: int, k: int, message: str, reverse
 
 
 def parse_text(text: str, path: str) -> PolicyFile:
-    """Parse one policy file; raises ``PolicyInvalid`` naming the offending token's line and column."""
+    """Parse one policy file; raises ``PolicyInvalid`` naming the offending token's line and column.
+
+    A statement deeper than cedarpy's typed-AST limit (a chain of 99 or more ``||``/``&&`` terms) is valid
+    Cedar: its chains are balanced (`_flattened`); one still too deep keeps no condition and is marked
+    ``unmodelled`` (the checks it can affect are UNKNOWN naming the limit)."""
     pf = PolicyFile(path, text)
     stmts = _statements(text)
-    try:
-        ps = cedarpy.policies_to_pst(text) if stmts else None
-    except ValueError as exc:
-        off = locate(text, str(exc), _parse_error)
-        line, col = line_col(text, off)
-        raise PolicyInvalid([(path, line, "-", f"syntax error: {exc}")], [col]) from exc
-    if ps is None:
+    if not stmts:
         return pf
-    # Cedar numbers policies and templates together in source order (policy0, policy1, ...). A template is
-    # kept, so that every check it can affect answers UNKNOWN naming it (translate: "template slot").
-    def order(kv: tuple[str, Any]) -> int:
-        m = re.fullmatch(r"policy(\d+)", kv[0])
-        return int(m.group(1)) if m else -1
+    try:
+        ps = _to_pst(text)
+    except ValueError as exc:
+        if NESTING not in str(exc):
+            _invalid(text, path, exc)
+        ps = None
+    if ps is None:
+        asts: list[tuple[Any, bool, str | None]] = []
+        for _, st in stmts:
+            try:
+                asts.append((*_only(_to_pst(st)), None))
+            except ValueError as exc:
+                if NESTING not in str(exc):
+                    _invalid(text, path, exc)
+                (ast, tpl), why = _flattened(st)
+                asts.append((ast, tpl, why))
+    else:
+        # Cedar numbers policies and templates together in source order (policy0, policy1, ...). A template is
+        # kept, so that every check it can affect answers UNKNOWN naming it (translate: "template slot").
+        def order(kv: tuple[str, Any]) -> int:
+            m = re.fullmatch(r"policy(\d+)", kv[0])
+            return int(m.group(1)) if m else -1
 
-    pols = sorted([(k, v, False) for k, v in ps.static_policies.items()] +
-                  [(k, v, True) for k, v in ps.templates.items()], key=lambda kv: order(kv[:2]))
-    if len(pols) != len(stmts) or any(order(p[:2]) < 0 for p in pols):
+        pols = sorted([(k, v, False) for k, v in ps.static_policies.items()] +
+                      [(k, v, True) for k, v in ps.templates.items()], key=lambda kv: order(kv[:2]))
+        if len(pols) != len(stmts) or any(order(p[:2]) < 0 for p in pols):
+            raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
+        asts = [(p, tpl, None) for _, p, tpl in pols]
+    if len(asts) != len(stmts):
         raise PolicyInvalid([(path, 1, "-", "could not locate policies in the file")])
-    for (off, st), (_, p, tpl) in zip(stmts, pols):
+    for (off, st), (p, tpl, why) in zip(stmts, asts):
         ln, col = line_col(text, off)
         pid = p.annotations.get("id") or f"{Path(path).name}:{ln}"
-        pf.policies.append(Policy(p, path, ln, pid, st.strip(), col, tpl))
+        pf.policies.append(Policy(p, path, ln, pid, st.strip(), col, tpl, why))
     return pf
+
+
+def _invalid(text: str, path: str, exc: ValueError) -> NoReturn:
+    off = locate(text, str(exc), _parse_error)
+    line, col = line_col(text, off)
+    raise PolicyInvalid([(path, line, "-", f"syntax error: {exc}")], [col]) from exc
 
 
 def load_policy_files(paths: list[Path]) -> list[PolicyFile]:
@@ -330,16 +481,72 @@ def validate(policies: list[Policy], schema_text: str, what: str = "policy", sch
             line, col = (pol.line, pol.column) if pol else (0, 0)
             if pol is not None:
                 toks = tokens(pol.text)
+                off = None
                 for frag in _fragments(msg, reverse=False):
                     off = find_fragment(pol.text, toks, frag, 0, len(toks) - 1, "attribute `" in msg)
                     if off is not None:
-                        dl, dc = line_col(pol.text, off)
-                        line, col = pol.line + dl - 1, (pol.column + dc - 1 if dl == 1 else dc)
                         break
-            problems.append((pol.file if pol else "?", line, pol.id if pol else err.policy_id, msg))
+                if off is None:  # a type error names no token: the operand of the condition that has it
+                    off = _operand_with(pol.text, toks, err.error, schema_text)
+                if off is not None:
+                    dl, dc = line_col(pol.text, off)
+                    line, col = pol.line + dl - 1, (pol.column + dc - 1 if dl == 1 else dc)
+            where = (pol.file if pol else "?", line, pol.id if pol else err.policy_id)
+            # Cedar may report one fault twice ("unexpected type …" and "the types … are not compatible"):
+            # one problem per position, its messages joined.
+            same = next((i for i, (f, ln, pid, _) in enumerate(problems)
+                         if (f, ln, pid) == where and cols[i] == col), None)
+            if same is not None:
+                if msg not in problems[same][3]:
+                    problems[same] = (*where, f"{problems[same][3]}; {msg}")
+                continue
+            problems.append((*where, msg))
             cols.append(col)
     if problems:
         raise PolicyInvalid(problems, cols)
+
+
+def _operand_with(text: str, toks: list[Token], error: str, schema_text: str) -> int | None:
+    """Offset in a policy's ``text`` of the first top-level ``&&``/``||`` operand of a ``when``/``unless``
+    body that, validated alone in the policy's scope, gives the same error (Cedar's validator reports type
+    errors without a position), or None."""
+    bare = re.sub(r"^for policy `policy\d+`, ", "", error)
+    head_end = next((i for i, t in enumerate(toks) if t.text in ("when", "unless")), None)
+    if head_end is None:
+        return None
+    head = text[:toks[head_end].start]
+    i = head_end
+    while i < len(toks):
+        if toks[i].text in ("when", "unless") and i + 1 < len(toks) and toks[i + 1].text == "{":
+            kw, j, depth, start = toks[i].text, i + 2, 0, i + 2
+            spans = []
+            while j < len(toks):
+                t = toks[j].text
+                if t in ("(", "[", "{"):
+                    depth += 1
+                elif t in (")", "]", "}"):
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif t in ("&&", "||") and depth == 0:
+                    spans.append((start, j - 1))
+                    start = j + 1
+                j += 1
+            spans.append((start, j - 1))
+            if len(spans) > 1:
+                for a, b in spans:
+                    if a > b:
+                        continue
+                    cand = f"{head} {kw} {{ {text[toks[a].start:toks[b].end]} }};"
+                    try:
+                        res = cedarpy.validate_policies(cand, schema_text)
+                    except ValueError:
+                        continue
+                    if any(re.sub(r"^for policy `policy\d+`, ", "", e.error) == bare for e in res.errors):
+                        return toks[a].start
+            i = j
+        i += 1
+    return None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from rich.table import Table
 
 from .matrix import COL_ORDER, DIMS, KIND, ROW_ORDER, SYMBOL, Cell, Change, Matrix, MatrixDiff
 
-__all__ = ["Grid", "grids", "render_matrix", "render_diff", "matrix_json", "diff_json", "class_text", "change_text"]
+__all__ = ["Grid", "grids", "render_matrix", "render_diff", "matrix_json", "diff_json", "class_text", "change_text",
+           "wrap", "diff_markdown"]
 
 NA = "—"
 LIMIT = 12  # witness lines printed by render_diff
@@ -222,34 +223,55 @@ def _change_symbol(c: Change) -> str:
     return f"{SYMBOL[c.old]}→{SYMBOL[c.new]}"
 
 
+def wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+    """``text`` broken at spaces into lines of at most ``width`` columns, continuation lines indented (a
+    word longer than a line — a long path — is kept whole)."""
+    import textwrap
+
+    return textwrap.wrap(text, width=max(width, 20), subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
 def render_diff(diff: MatrixDiff, target: str, console: Console) -> None:
     """Changed cells as tables (old→new verdicts), then one replayed witness per changed action and
     direction, in English."""
-    console.print(f"[bold]Access changes {target}[/]: old→new verdict of each class whose permitted "
-                  "requests changed (✓ all, ✗ none, ~ some)", highlight=False)
+    for i, line in enumerate(wrap(f"Access changes {target}: old→new verdict of each class whose permitted "
+                                  "requests changed (✓ all, ✗ none, ~ some)", console.width, "    ")):
+        console.print(line, highlight=False, markup=False, style="bold" if i == 0 else None)
     if not diff.changes:
         console.print("[green]no class of requests changed[/]")
-    for g in grids(diff.changes, _change_symbol):
-        console.print(_table(g, ", ".join(g.actions)))
+    tables = [(g, _table(g, ", ".join(g.actions))) for g in grids(diff.changes, _change_symbol)]
+    if any(console.measure(t).maximum > console.width for _, t in tables):
+        # Too wide for the console (a CI log at 80 columns): one changed cell per block, old→new first.
+        for c in diff.changes:
+            for line in wrap(f"{_change_symbol(c)} {'widened' if c.widened else 'narrowed'} {class_text(c)}",
+                             console.width, "    "):
+                console.print(line, highlight=False, markup=False)
+    else:
+        for _, t in tables:
+            console.print(t)
     lines = []
     for c in diff.changes:
         for w, word, modal in ((c.widen, "[red]widened[/]", " may now "), (c.narrow, "[yellow]narrowed[/]", " may no longer ")):
             if w is not None:
-                lines.append(f"{word} {c.action}: {w.summary.replace(' may ', modal, 1)} "
+                lines.append(f"{_change_symbol(c)} {word} {c.action}: {w.summary.replace(' may ', modal, 1)} "
                              f"(replayed: old {'deny' if w is c.widen else 'allow'}, new "
                              f"{'allow' if w is c.widen else 'deny'}; {', '.join(w.reasons) or 'no policy'})")
     # one witness of each action and direction first, so that a long diff still shows every action
     firsts = {line.split(":", 1)[0]: i for i, line in reversed(list(enumerate(lines)))}
     lines = [lines[i] for i in sorted(firsts.values())] + [x for i, x in enumerate(lines) if i not in firsts.values()]
     for line in lines[:LIMIT]:
-        console.print(line, highlight=False)
+        for i, part in enumerate(wrap(line, console.width, "    ")):
+            console.print(part, highlight=False, markup=i == 0)
     if len(lines) > LIMIT:
-        console.print(f"… {len(lines) - LIMIT} more witnesses in --format json", highlight=False)
+        console.print(f"… {len(lines) - LIMIT} more witnesses in --format json", highlight=False, markup=False)
     for u in diff.unknown:
-        console.print(f"[magenta]unknown[/] {u}", highlight=False)
-    console.print(f"{len(diff.changes)} changed cells ({sum(c.widened for c in diff.changes)} widened, "
-                  f"{sum(c.narrowed for c in diff.changes)} narrowed), {diff.queries} solver queries, "
-                  f"{diff.replays} replays through Cedar; {diff.seconds:.1f} s", highlight=False)
+        for line in wrap(f"unknown {u}", console.width, "    "):
+            console.print(line, highlight=False, markup=False)
+    for line in wrap(f"{len(diff.changes)} changed cells ({sum(c.widened for c in diff.changes)} widened, "
+                     f"{sum(c.narrowed for c in diff.changes)} narrowed), {diff.queries} solver queries, "
+                     f"{diff.replays} replays through Cedar; {diff.seconds:.1f} s", console.width, "    "):
+        console.print(line, highlight=False, markup=False)
 
 
 def diff_json(diff: MatrixDiff, target: str) -> dict[str, Any]:
@@ -260,3 +282,20 @@ def diff_json(diff: MatrixDiff, target: str) -> dict[str, Any]:
 
 def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def diff_markdown(diff: MatrixDiff) -> list[str]:
+    """The changed cells as a GitHub-flavoured markdown table (old→new verdict, action, class, replayed
+    witness), one row per cell and direction."""
+    out = ["| change | action | class of requests | witness (replayed through Cedar) |", "|---|---|---|---|"]
+    for c in diff.changes:
+        for w, word in ((c.widen, "widened"), (c.narrow, "narrowed")):
+            if w is not None:
+                modal = " may now " if word == "widened" else " may no longer "
+                out.append(f"| {_change_symbol(c)} {word} | {c.action} | {_md(class_text(c).split(': ', 1)[1])} | "
+                           f"{_md(w.summary.replace(' may ', modal, 1))} |")
+    return out
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

@@ -57,7 +57,7 @@ from . import counterexample as cx
 from .engine import Policy, authorize, parse_text
 from .errors import MatrixDisagreement, Unsupported
 from .schema import LONG, STRING, Schema, TEntity, TSet
-from .summary import request_sentence
+from .summary import policy_strings, request_sentence
 from .translate import PolicyTerm, Registry, Request, Store, Translator, background, policy_set_terms
 
 __all__ = ["Dim", "DIMS", "Cell", "Witness", "Matrix", "MatrixDisagreement", "build_matrix", "Change",
@@ -397,14 +397,16 @@ def _witness(env: _Env, model: z3.ModelRef, policies: list[Policy], schema_text:
     if expect is not None and got != expect:
         raise MatrixDisagreement(f"{what}: Z3 proves {expect}, Cedar answers {got} ({env.action}, {coords})", doc)
     if placed:  # the same request was already placed in its class (the replay on the other set)
-        return Witness(request, entities, got, sorted(rep.reasons), request_sentence(request, entities))
+        return Witness(request, entities, got, sorted(rep.reasons),
+                       request_sentence(request, entities, strings=policy_strings(policies)))
     try:
         seen = classify(env.schema, schema_text, request, entities)
     except ValueError as exc:
         raise MatrixDisagreement(f"{what}: {exc}", doc) from None
     if any(seen.get(k) != v for k, v in coords.items()):
         raise MatrixDisagreement(f"{what}: the witness is in class {seen}, not {coords} ({env.action})", doc)
-    return Witness(request, entities, got, sorted(rep.reasons), request_sentence(request, entities))
+    return Witness(request, entities, got, sorted(rep.reasons),
+                       request_sentence(request, entities, strings=policy_strings(policies)))
 
 
 def _other(w: Witness, seen: Witness) -> Witness:

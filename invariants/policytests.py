@@ -18,7 +18,9 @@ File format (``DIR/tests/*.json``)::
     }
 
 Every case is evaluated with the schema (cedarpy.is_authorized), so a request or entity
-that does not conform to the schema is denied (and fails an ``allow`` case).
+that does not conform to the schema is denied (and fails an ``allow`` case). A case Cedar allows although
+its principal or resource entity is absent from its entities fails: the proofs assume both are present
+(``invariants.report.ASSUMPTIONS``), so such an allow is one no proof covers.
 Errors: ``PolicyTestFileError`` (exit 2) for a malformed file.
 """
 
@@ -51,6 +53,14 @@ def _case_request(case: dict[str, Any]) -> dict[str, Any]:
     return {k: case[k] for k in ("principal", "action", "resource")} | {"context": case.get("context", {})}
 
 
+def _absent(case: dict[str, Any], entities: list[dict[str, Any]]) -> list[str]:
+    """Which of ``principal`` and ``resource`` of a case has no entity in ``entities``."""
+    have = {(str((e.get("uid") or {}).get("type")), str((e.get("uid") or {}).get("id")))
+            for e in entities if isinstance(e, dict)}
+    return [k for k in ("principal", "resource")
+            if isinstance(case[k], dict) and (str(case[k].get("type")), str(case[k].get("id"))) not in have]
+
+
 def run_test_file(path: Path, policies: list[Policy], schema_text: str, label: str | None = None
                   ) -> list[PolicyTestResult]:
     """Run one test file; returns one result per case. ``label`` names the file in results and
@@ -81,6 +91,12 @@ def run_test_file(path: Path, policies: list[Policy], schema_text: str, label: s
         msg = ""
         if not ok:
             msg = f"expected {expect}, got {actual}"
+        absent = _absent(case, shared + case.get("entities", []))
+        if res.allow and absent:
+            # The proofs assume the principal and the resource are in the entity store (README "Assumptions");
+            # a request Cedar allows without them is one no proof covers.
+            ok, msg = False, (f"Cedar allows a request whose {' and '.join(absent)} "
+                              "entity is absent from the case's entities; the proofs assume both are present")
         want = case.get("reasons")
         if ok and want is not None and sorted(want) != sorted(res.reasons):
             ok, msg = False, f"expected reasons {sorted(want)}, got {sorted(res.reasons)}"

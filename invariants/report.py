@@ -18,17 +18,25 @@ policy allowing the witnesses, at that policy, with its cells (``access-widened`
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from .catalog import CheckResult
 from .policytests import PolicyTestResult
 
-__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log"]
+__all__ = ["Report", "Problem", "exit_code", "render", "render_problems", "sarif_log", "ASSUMPTIONS"]
+
+# What every PROVED rests on, printed with every report (text footer, JSON ``assumptions``, SARIF run
+# properties). Checked where it can be: every counterexample holds both entities, and a policy test Cedar
+# allows without them fails (``invariants.policytests``); the sidecar builds both entities for each request.
+ASSUMPTIONS = (
+    "every request's principal and resource entity is present in the entity store (so `principal has tenant` "
+    "holds for every principal type declaring tenant; a request without them is outside the proofs)",
+)
 
 FAIL = {"VIOLATED", "UNCOVERED", "VACUOUS", "CHANGED"}
 STYLE = {"PROVED": "green", "UNCHANGED": "green", "VIOLATED": "bold red", "CHANGED": "yellow", "NARROWED": "yellow",
@@ -81,6 +89,7 @@ def _json(rep: Report) -> dict[str, Any]:
                      "counterexample_file": rep.saved.get((r.invariant, r.action)),
                      "counterexample": r.counterexample} for r in rep.results],
         "tests": [asdict(t) for t in rep.tests],
+        "assumptions": list(ASSUMPTIONS),
         **(_diff_json(rep) if rep.diff is not None else {}),
     }
 
@@ -109,6 +118,9 @@ def _uri(path: str) -> str:
     return quote(path.replace("\\", "/"), safe="/:@-._~!$&'()*+,;=")
 
 
+_UNMODELLED_AT = re.compile(r"^(.+?):(\d+): (?:.*?: )?unmodelled construct: ")
+
+
 def _sarif_result(r: CheckResult) -> dict[str, Any]:
     level = "error" if r.status in FAIL | {"DISAGREE"} else "note" if r.status == "NARROWED" else "warning"
     text = f"{r.status} on action {r.action}: " + (r.summary or r.message)
@@ -119,7 +131,14 @@ def _sarif_result(r: CheckResult) -> dict[str, Any]:
                            "properties": {"action": r.action, "status": r.status}}
     where = [b for b in r.blamed if b.file]
     inv_loc = _loc(r.file, r.line, 0, f"invariant {r.invariant}") if r.file else None
-    if where:
+    at = _UNMODELLED_AT.match(r.message) if r.status == "UNKNOWN" else None
+    if at and not where:
+        # An unmodelled construct is in a policy (``Unsupported``: "file:line: id: unmodelled construct: …"):
+        # the result is there, not in the invariant's file inside the installed package.
+        res["locations"] = [_loc(at.group(1), int(at.group(2)), 0, "unmodelled construct")]
+        if inv_loc is not None and at.group(1) != r.file:
+            res["relatedLocations"] = [dict(inv_loc, id=0)]
+    elif where:
         # The policy that permitted the counterexample is where a reviewer fixes it; the invariant it
         # breaks is related.
         res["locations"] = [_loc(b.file, b.line, b.column, f"policy {b.id}") for b in where[:1]]
@@ -144,6 +163,7 @@ def sarif_log(results: list[dict[str, Any]], rules: list[str]) -> dict[str, Any]
             "runs": [{"tool": {"driver": {"name": "policy-check", "informationUri": "https://www.cedarpolicy.com",
                                           "rules": [{"id": r} for r in rules]}},
                       "columnKind": "unicodeCodePoints",
+                      "properties": {"assumptions": list(ASSUMPTIONS)},
                       "results": results}]}
 
 
@@ -230,40 +250,110 @@ def _junit(rep: Report) -> str:
     return ET.tostring(suites, encoding="unicode")
 
 
+def _cex_lines(cex: dict[str, Any]) -> list[str]:
+    """A counterexample's request and entities, one line each (``Type::"id" {attr: value, …}``), for text."""
+    from .summary import quote
+
+    def val(v: Any) -> str:
+        if isinstance(v, dict) and "__entity" in v:
+            return f'{v["__entity"]["type"]}::{quote(str(v["__entity"]["id"]))}'
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {val(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, str):
+            return quote(v)
+        return json.dumps(v)
+
+    req = cex.get("request") or {}
+    out = []
+    if req:
+        ctx = f" context {val(req['context'])}" if req.get("context") else ""
+        out.append(f"request: {val({'__entity': req['principal']})} {req['action']['id']} "
+                   f"{val({'__entity': req['resource']})}{ctx}")
+    for e in cex.get("entities") or []:
+        parents = f" in [{', '.join(val({'__entity': p}) for p in e.get('parents') or [])}]" if e.get("parents") else ""
+        out.append(f"entity {val({'__entity': e['uid']})}{parents} {val(e.get('attrs') or {})}")
+    return out
+
+
 def _text(rep: Report, console: Console) -> None:
-    table = Table(title=f"policy-check {rep.target}", show_lines=False)
-    for col in ("invariant", "action", "status", "solver ms"):
-        table.add_column(col, justify="right" if col == "solver ms" else "left", no_wrap=True)
-    table.add_column("detail", overflow="fold")
+    """Plain text that reads at any width down to 80 columns: proved invariants one wrapped line each, then
+    one block per finding (status, invariant and action, its message or English summary, the permitting
+    policies, the counterexample one entity a line, where it was saved), then tests and the footer."""
+    from .explain import wrap
+
+    w = console.width
+    console.print(f"policy-check {rep.target}", highlight=False, markup=False)
+    proved: dict[str, list[str]] = {}
     for r in rep.results:
-        table.add_row(r.invariant, r.action, f"[{STYLE.get(r.status, '')}]{r.status}[/]",
-                      f"{r.seconds * 1000:.1f}", r.message)
-    console.print(table)
+        if r.status in ("PROVED", "UNCHANGED"):
+            proved.setdefault(r.invariant, []).append(r.action)
+    for inv, actions in proved.items():
+        for line in wrap(f"PROVED {inv}: {', '.join(actions)}", w, "    "):
+            console.print(line, highlight=False, markup=False)
     for r in rep.results:
-        if r.counterexample is None or r.status in ("PROVED", "UNCHANGED"):
+        if r.status in ("PROVED", "UNCHANGED"):
             continue
-        console.rule(f"[{STYLE.get(r.status, '')}]{r.status}[/] {r.invariant} / {r.action}")
-        if r.summary:
-            console.print(r.summary, highlight=False, markup=False)
+        console.print("")
+        console.print(f"[{STYLE.get(r.status, '')}]{r.status}[/] ", end="", highlight=False)
+        console.print(f"{r.invariant} / {r.action} ({r.seconds * 1000:.0f} ms)", highlight=False, markup=False)
+        body = [r.summary] if r.summary else [r.message] if r.message else []
         if r.blamed:
-            console.print(("evaluation error in " if r.counterexample.get("kind") == "never-errors" else "permitted by ")
-                          + ", ".join(map(str, r.blamed)), highlight=False, markup=False)
-        if r.status == "DISAGREE":
-            console.print("Z3 model says:", json.dumps(r.counterexample.get("model") or r.counterexample.get("new")))
-            console.print("Cedar says:   ", json.dumps(r.counterexample.get("cedar") or r.counterexample.get("old")))
-        console.print_json(json.dumps({k: r.counterexample[k] for k in ("request", "entities")
-                                       if k in r.counterexample}))
-        extra = {k: v for k, v in r.counterexample.items() if k not in ("request", "entities", "invariant", "kind")}
-        console.print_json(json.dumps(extra))
+            body.append(("evaluation error in " if (r.counterexample or {}).get("kind") == "never-errors"
+                         else "permitted by ") + ", ".join(map(str, r.blamed)))
+        if r.status == "DISAGREE" and r.counterexample:
+            body.append("Z3 model says: " + json.dumps(r.counterexample.get("model") or r.counterexample.get("new")))
+            body.append("Cedar says: " + json.dumps(r.counterexample.get("cedar") or r.counterexample.get("old")))
+        if r.counterexample:
+            body += _cex_lines(r.counterexample)
         if (r.invariant, r.action) in rep.saved:
-            console.print(f"saved: {rep.saved[(r.invariant, r.action)]}")
+            body.append(f"saved: {rep.saved[(r.invariant, r.action)]}")
+        for text in body:
+            for line in wrap(text, w - 2, "    "):
+                console.print("  " + line, highlight=False, markup=False)
     if rep.tests:
         failed = [t for t in rep.tests if not t.passed]
         console.print(f"policy tests: {len(rep.tests) - len(failed)} passed, {len(failed)} failed")
         for t in failed:
-            console.print(f"  [red]FAIL[/] {t.file}: {t.name}: {t.message}")
+            for i, line in enumerate(wrap(f"FAIL {t.file}: {t.name}: {t.message}", w - 2, "    ")):
+                console.print("  " + line, highlight=False, markup=False)
+    for a in ASSUMPTIONS:
+        for line in wrap(f"assumes: {a}", w, "    "):
+            console.print(line, highlight=False, markup=False)
     s = rep.summary()
-    console.print(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
+    for line in wrap(", ".join(f"{k}={v}" for k, v in s.items()) + f"; wall {rep.wall_seconds:.2f}s; "
+                     f"exit {exit_code(rep)}", w, "    "):
+        console.print(line, highlight=False, markup=False)
+
+
+def _markdown(rep: Report) -> str:
+    """GitHub-flavoured markdown for a pull-request comment: a table of the findings (and, for --compare,
+    of the changed cells with their replayed witnesses), the proved invariants in one line, the footer."""
+    from .explain import _md, diff_markdown
+
+    out = [f"### policy-check `{rep.target}`", ""]
+    if rep.diff is not None:
+        out += diff_markdown(rep.diff) if rep.diff.changes else ["No class of requests changed."]
+        out.append("")
+    bad = [r for r in rep.results if r.status not in ("PROVED", "UNCHANGED")]
+    if bad:
+        out += ["| status | invariant | action | finding | policies |", "|---|---|---|---|---|"]
+        for r in bad:
+            out.append(f"| **{r.status}** | {_md(r.invariant)} | {r.action} | {_md(r.summary or r.message)} | "
+                       f"{_md(', '.join(map(str, r.blamed)))} |")
+        out.append("")
+    proved = sorted({r.invariant for r in rep.results if r.status == "PROVED"})
+    if proved:
+        out += [f"PROVED: {', '.join(proved)}", ""]
+    failed = [t for t in rep.tests if not t.passed]
+    if rep.tests:
+        out.append(f"Policy tests: {len(rep.tests) - len(failed)} passed, {len(failed)} failed")
+        out += [f"- FAIL `{t.file}`: {_md(t.name)}: {_md(t.message)}" for t in failed]
+        out.append("")
+    out += [f"Assumes: {a}" for a in ASSUMPTIONS]
+    out.append(f"\nExit {exit_code(rep)}; " + ", ".join(f"{k}={v}" for k, v in rep.summary().items()))
+    return "\n".join(out) + "\n"
 
 
 def _compare_text(rep: Report, console: Console) -> None:
@@ -280,7 +370,7 @@ def _compare_text(rep: Report, console: Console) -> None:
                           highlight=False)
     for r in rep.results:
         if (r.invariant, r.action) in rep.saved:
-            console.print(f"saved: {rep.saved[(r.invariant, r.action)]}", highlight=False)
+            console.print(f"saved: {rep.saved[(r.invariant, r.action)]}", highlight=False, markup=False)
     console.print(f"wall {rep.wall_seconds:.2f}s; exit {exit_code(rep)}")
 
 
@@ -336,6 +426,11 @@ def render_problems(problems: list[Problem], code: int, fmt: str, console: Conso
             f = ET.SubElement(case, tag, message=p.message, type=p.rule)
             f.text = f"{p.where()}{p.message}"
         console.file.write(ET.tostring(suites, encoding="unicode") + "\n")
+    elif fmt == "markdown":
+        lines = [f"### policy-check `{target}`", "", "| problem | where | policy | message |", "|---|---|---|---|"]
+        for p in problems:
+            lines.append(f"| {p.rule} | {p.where().rstrip(': ')} | {p.policy} | {p.message.replace('|', '/')} |")
+        console.file.write("\n".join(lines) + f"\n\nExit {code}\n")
     else:
         err = Console(stderr=True, soft_wrap=True)  # a file:line is never broken across lines
         word = {"unknown": "UNKNOWN", "input-error": "error"}.get(problems[0].rule if problems else "", "invalid")
@@ -345,11 +440,13 @@ def render_problems(problems: list[Problem], code: int, fmt: str, console: Conso
 
 
 def render(rep: Report, fmt: str, console: Console) -> None:
-    """Write the report to ``console`` in ``fmt`` (text, json, sarif, junit)."""
+    """Write the report to ``console`` in ``fmt`` (text, json, sarif, junit, markdown)."""
     if fmt == "text" and rep.diff is not None:
         _compare_text(rep, console)
     elif fmt == "text":
         _text(rep, console)
+    elif fmt == "markdown":
+        console.file.write(_markdown(rep))
     elif fmt == "json":
         console.file.write(json.dumps(_json(rep), indent=2) + "\n")
     elif fmt == "sarif":

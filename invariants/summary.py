@@ -17,18 +17,38 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["request_sentence", "counterexample_summary", "describe_principal", "describe_resource", "verb"]
+__all__ = ["request_sentence", "counterexample_summary", "describe_principal", "describe_resource", "verb", "quote",
+           "policy_strings"]
 
 _PLAIN = re.compile(r"[A-Za-z0-9_.:/@+-]+")
 _VERBS = {"delete_bulk": "bulk-delete in", "manage_tenants": "manage the tenants of", "admin": "administer",
           "list": "list", "search": "search"}
 
 
+def quote(s: str) -> str:
+    """A Cedar string literal for ``s``, in ASCII: ``"``, ``\\`` and the common controls escaped as Cedar
+    writes them, any other character outside printable ASCII as ``\\u{hex}`` (one escape per code point,
+    never a UTF-16 surrogate pair)."""
+    out = []
+    for ch in s:
+        c = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif 0x20 <= c < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{c:x}}}")
+    return '"' + "".join(out) + '"'
+
+
 def _id(eid: Any) -> str:
     s = str(eid)
-    return s if _PLAIN.fullmatch(s) else json.dumps(s, ensure_ascii=True)
+    return s if _PLAIN.fullmatch(s) else quote(s)
 
 
 def _ref(v: Any) -> dict[str, Any] | None:
@@ -43,7 +63,7 @@ def _ref(v: Any) -> dict[str, Any] | None:
 def _ent_text(v: Any) -> str:
     r = _ref(v)
     if r is None:
-        return json.dumps(v, ensure_ascii=True)
+        return quote(v) if isinstance(v, str) else json.dumps(v, ensure_ascii=True)
     return _id(r["id"])
 
 
@@ -57,8 +77,10 @@ def verb(action: str) -> str:
     return _VERBS.get(action, action.replace("_", " "))
 
 
-def describe_principal(uid: dict[str, Any], attrs: dict[str, Any] | None, resource_attrs: dict[str, Any]) -> str:
-    """``agent a1 (fleet f1, trust 2)``; the tenant is named when it is not the resource's."""
+def describe_principal(uid: dict[str, Any], attrs: dict[str, Any] | None, resource_attrs: dict[str, Any],
+                       strings: frozenset[str] | None = None) -> str:
+    """``agent a1 (fleet f1, trust 2)``; the tenant is named when it is not the resource's; roles only those
+    in ``strings`` (the string literals of the policies, when given: other roles decide nothing)."""
     kind = {"Agent": "agent", "TenantAdmin": "tenant admin", "Operator": "operator"}.get(uid["type"], uid["type"])
     head = f"{kind} {_id(uid['id'])}"
     if attrs is None:
@@ -71,8 +93,9 @@ def describe_principal(uid: dict[str, Any], attrs: dict[str, Any] | None, resour
         parts.append(f"fleet {_ent_text(attrs['fleet'])}")
     if "trust" in attrs:
         parts.append(f"trust {attrs['trust']}")
-    if attrs.get("roles"):
-        parts.append("roles " + ", ".join(_ent_text(r) for r in attrs["roles"]))
+    roles = [r for r in attrs.get("roles") or [] if strings is None or r in strings]
+    if roles:
+        parts.append("roles " + ", ".join(_ent_text(r) for r in roles))
     return head + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -82,7 +105,8 @@ def _article(word: str) -> str:
 
 def describe_resource(uid: dict[str, Any], attrs: dict[str, Any] | None, principal: dict[str, Any],
                       principal_attrs: dict[str, Any], present: set[tuple[str, str]] | None = None) -> str:
-    """``an agent-scoped row m1 owned by a2 in fleet f2`` (status, tenant and readers when they matter)."""
+    """``an agent-scoped row m1 owned by a2 in fleet f2`` (status, tenant and whether the principal is a
+    reader, when they matter; an empty status is not named)."""
     t, eid = uid["type"], _id(uid["id"])
     if attrs is None:
         return f"{t} {eid} (not in the entity store)"
@@ -94,7 +118,7 @@ def describe_resource(uid: dict[str, Any], attrs: dict[str, Any] | None, princip
         adjs, odd = [], []
         if status in ("superseded", "deleted"):
             adjs.append(status)
-        elif status != "active" and "status" in attrs:
+        elif status not in ("active", "") and "status" in attrs:
             odd.append(f"status {json.dumps(status, ensure_ascii=True)}")
         if scope in ("agent", "fleet", "tenant", "restricted"):
             adjs.append(f"{scope}-scoped")
@@ -112,48 +136,57 @@ def describe_resource(uid: dict[str, Any], attrs: dict[str, Any] | None, princip
         if "fleet" in attrs:
             text += f" in fleet {_ent_text(attrs['fleet'])}"
         text += tenant
-        if scope == "restricted" or any(_same(r, {"__entity": principal}) for r in attrs.get("readers", [])):
-            readers = [_ent_text(r) for r in attrs.get("readers", [])]
-            text += f" (readers: {', '.join(readers) or 'none'})"
+        reader = any(_same(r, {"__entity": principal}) for r in attrs.get("readers", []))
+        if reader and not own:
+            text += f" with {_id(principal['id'])} among its readers"
+        elif scope == "restricted" and not own:
+            text += f" ({_id(principal['id'])} not among its readers)"
         return text
     if t == "Deployment":
         return f"the deployment {eid}"
     return f"{t.lower()} {eid}{tenant}"
 
 
-def _context(ctx: dict[str, Any]) -> str:
+def _context(ctx: dict[str, Any], present: set[tuple[str, str]] | None = None) -> str:
     if not ctx:
         return ""
     if set(ctx) <= {"target_fleet", "target_scope"} and "target_fleet" in ctx:
-        out = f" to fleet {_ent_text(ctx['target_fleet'])}"
+        tf = _ref(ctx["target_fleet"])
+        absent = tf is not None and present is not None and (tf["type"], tf["id"]) not in present
+        out = (f" to a fleet {_ent_text(ctx['target_fleet'])} absent from the entity store" if absent
+               else f" to fleet {_ent_text(ctx['target_fleet'])}")
         if "target_scope" in ctx:
-            out += f" as {json.dumps(ctx['target_scope'], ensure_ascii=True)} scope"
+            out += f" as {_ent_text(ctx['target_scope'])} scope"
         return out
     return " with context " + ", ".join(f"{k}={_ent_text(v)}" for k, v in sorted(ctx.items()))
 
 
-def _parts(request: dict[str, Any], entities: list[dict[str, Any]]) -> tuple[str, str, str, str]:
+def _parts(request: dict[str, Any], entities: list[dict[str, Any]],
+           strings: frozenset[str] | None = None) -> tuple[str, str, str, str]:
     ents = {(e["uid"]["type"], e["uid"]["id"]): e.get("attrs", {}) for e in entities}
     p, r = request["principal"], request["resource"]
     pa, ra = ents.get((p["type"], p["id"])), ents.get((r["type"], r["id"]))
-    return (describe_principal(p, pa, ra or {}), verb(request["action"]["id"]),
-            describe_resource(r, ra, p, pa or {}, set(ents)), _context(request.get("context") or {}))
+    return (describe_principal(p, pa, ra or {}, strings), verb(request["action"]["id"]),
+            describe_resource(r, ra, p, pa or {}, set(ents)), _context(request.get("context") or {}, set(ents)))
 
 
-def request_sentence(request: dict[str, Any], entities: list[dict[str, Any]], modal: str = "may") -> str:
-    """"<principal> <modal> <verb> <resource>[ to fleet F]" for a Cedar JSON request and entity list."""
-    who, act, what, ctx = _parts(request, entities)
+def request_sentence(request: dict[str, Any], entities: list[dict[str, Any]], modal: str = "may",
+                     strings: frozenset[str] | None = None) -> str:
+    """"<principal> <modal> <verb> <resource>[ to fleet F]" for a Cedar JSON request and entity list;
+    ``strings`` as in `describe_principal`."""
+    who, act, what, ctx = _parts(request, entities, strings)
     return f"{who} {modal} {act} {what}{ctx}"
 
 
-def counterexample_summary(cex: dict[str, Any]) -> str:
+def counterexample_summary(cex: dict[str, Any], strings: frozenset[str] | None = None) -> str:
     """One line for a counterexample of ``invariants.catalog`` (keys ``kind``, ``request``, ``entities``,
-    ``cedar`` …) or of ``--compare`` (``invariant`` newly-permitted/newly-denied, ``old``/``new``)."""
+    ``cedar`` …) or of ``--compare`` (``invariant`` newly-permitted/newly-denied, ``old``/``new``);
+    ``strings`` as in `describe_principal`."""
     req, ents = cex.get("request"), cex.get("entities") or []
     if not req:
         return ""
     kind, inv = cex.get("kind"), cex.get("invariant")
-    who, act, what, ctx = _parts(req, ents)
+    who, act, what, ctx = _parts(req, ents, strings)
     if kind == "never-errors":
         errs = (cex.get("cedar") or {}).get("errors") or []
         return f"policy {', '.join(errs) or '?'} raises an evaluation error when {who} asks to {act} {what}{ctx}"
@@ -168,3 +201,23 @@ def counterexample_summary(cex: dict[str, Any]) -> str:
     if inv == "newly-denied":
         return f"{who} may no longer {act} {what}{ctx}"
     return f"{who} may {act} {what}{ctx}"
+
+
+_STRING_LIT = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def policy_strings(policies: list[Any]) -> frozenset[str]:
+    """The string literals written in ``policies`` (``Policy.text``), unescaped for the common escapes: a role
+    no policy names decides nothing, so a summary leaves it out."""
+    return _strings_of("\n".join(getattr(p, "text", "") for p in policies))
+
+
+@lru_cache(maxsize=8)
+def _strings_of(text: str) -> frozenset[str]:
+    out = set()
+    for m in _STRING_LIT.finditer(text):
+        try:
+            out.add(json.loads('"' + m.group(1) + '"'))
+        except ValueError:
+            out.add(m.group(1))
+    return frozenset(out)

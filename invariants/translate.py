@@ -48,7 +48,7 @@ from .schema import (BOOL, LONG, STRING, Attr, CedarType, Schema, TBool, TEntity
 from .zstring import Codec
 
 __all__ = ["Val", "Registry", "Store", "Request", "Translator", "PolicyTerm", "LONG_MIN", "LONG_MAX",
-           "sort_of", "policy_set_terms", "Query"]
+           "sort_of", "policy_set_terms", "Query", "like"]
 
 LONG_MIN, LONG_MAX = -(2 ** 63), 2 ** 63 - 1
 ACTION = "Action"
@@ -253,6 +253,8 @@ class Translator:
                 if c is None:
                     return None
                 conds.append(c)
+            if pol.unmodelled:
+                raise Unsupported(pol.unmodelled)
             val, err = Val(BOOL, z3.And(*conds) if conds else T), F
             for cl in a.clauses:
                 body: Any = cl.expr
@@ -346,7 +348,7 @@ class Translator:
         if isinstance(e, pst.Like):
             base, err = self.expr(e.base)
             self._need(base, TString, "like")
-            return Val(BOOL, z3.InRe(base.term, _pattern(e.pattern, self.store.reg.codec))), err
+            return Val(BOOL, like(base.term, e.pattern, self.store.reg.codec)), err
         if isinstance(e, pst.Is):
             base, err = self.expr(e.base)
             if not isinstance(base.ty, TEntity):
@@ -622,6 +624,44 @@ def _seq_err(errs: list[z3.BoolRef]) -> z3.BoolRef:
 
 def _same_kind(a: CedarType, b: CedarType) -> bool:
     return a == b
+
+
+def like(s: z3.ExprRef, elems: Iterable[Any], codec: Codec) -> z3.BoolRef:
+    """``s like pattern`` exactly. The finite fragment — at most one literal run on each side of the
+    wildcards and at most one between them (``"abc"``, ``"abc*"``, ``"*abc"``, ``"*abc*"``, ``"a*c"``,
+    ``"a*b*c"`` …) — as word equations Z3 decides outright: ``a*c`` is prefix ``a``, suffix ``c`` and length
+    at least ``|a| + |c|`` (the runs cannot overlap); ``*b*`` is contains ``b``. So ``s like "x*y" &&
+    !(s like "*y")`` is unsatisfiable on the shared suffix atom without the regular-expression solver, which
+    gives up on such complements. Any other pattern is a Z3 regular expression (`_pattern`)."""
+    runs: list[str] = [""]
+    for el in elems:
+        if isinstance(el, pst.Wildcard):
+            if runs[-1] or len(runs) == 1:
+                runs.append("")
+        else:
+            runs[-1] += el.value
+    # runs: the literal text between wildcards (a leading "" when the pattern starts with `*`, a trailing
+    # "" when it ends with one); consecutive wildcards were merged
+    if len(runs) == 1:
+        return s == codec.encode(runs[0])
+    head, mid, tail = runs[0], runs[1:-1], runs[-1]
+    mid = [m for m in mid if m]
+    if len(mid) > 1:
+        return z3.InRe(s, _pattern(elems, codec))
+    conds: list[z3.BoolRef] = []
+    if head:
+        conds.append(z3.PrefixOf(codec.encode(head), s))
+    if tail:
+        conds.append(z3.SuffixOf(codec.encode(tail), s))
+    if mid:
+        b = mid[0]
+        if not head and not tail:
+            conds.append(z3.Contains(s, codec.encode(b)))
+        else:  # head, then b, then tail, in order and without overlap
+            return z3.InRe(s, _pattern(elems, codec))
+    if head and tail:
+        conds.append(z3.Length(s) >= len(head) + len(tail))
+    return z3.And(*conds) if conds else z3.BoolVal(True)
 
 
 def _pattern(elems: Iterable[Any], codec: Codec) -> z3.ReRef:

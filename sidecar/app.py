@@ -33,7 +33,7 @@ from sidecar import decisionlog
 from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
-from sidecar.config import Settings
+from sidecar.config import Settings, backend_tls_context
 from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.ledger.postgres import PostgresLedger
@@ -83,7 +83,7 @@ class Services:
             str(settings.backend_url), timeout_s=settings.backend_timeout_s,
             max_connections=settings.backend_max_connections, auth_header=settings.backend_auth_header,
             token=settings.backend_token, transport=transport,
-            max_response_bytes=settings.backend_max_response_bytes,
+            max_response_bytes=settings.backend_max_response_bytes, ssl_context=backend_tls_context(settings),
         )
         instrument_upstream(self.upstream, self.metrics)
         self.authz = Authorizer(self.policy, self.ledger)

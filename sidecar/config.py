@@ -11,6 +11,7 @@ key and, for a key read from .env or the config file, that file (never the value
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +56,15 @@ class Settings(BaseSettings):
     backend_timeout_s: float = Field(default=10.0, gt=0, description="per-call backend timeout, seconds")
     backend_max_connections: int = Field(default=64, gt=0)
     backend_max_response_bytes: int = Field(
-        default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes (larger: 502)")
+        default=64 * 1024 * 1024, gt=0, description="largest backend answer body accepted, bytes, as received and "
+        "once decoded (gzip/deflate are inflated to this size at most); larger: 502")
+    backend_ca_bundle: Path | None = Field(
+        default=None, description="https:// backend: PEM file of the CA certificates trusted for the backend's "
+        "certificate; unset: the system's trust store. The host name is always verified")
+    backend_client_cert: Path | None = Field(
+        default=None, description="https:// backend: PEM file of the client certificate presented to it (mutual TLS), "
+        "with its key unless backend_client_key names the key's file")
+    backend_client_key: Path | None = Field(default=None, description="https:// backend: PEM file of backend_client_cert's key")
     ledger_path: Path = Field(default=Path(".memwarden/ledger.db"), description="SQLite ledger file")
     ledger_url: str | None = Field(
         default=None, pattern=r"^postgres(ql)?://",
@@ -256,6 +265,38 @@ class Settings(BaseSettings):
         raise ValueError(f"{str(v)[:40]!r}: use off, reads or all (true means reads)")
 
     @model_validator(mode="after")
+    def _backend_tls_usable(self) -> "Settings":
+        """The TLS files are for an ``https://`` backend, and each is there and what it says it is (read now, as
+        every connection will: `sidecar.stages.http1.client_tls_context`)."""
+        from sidecar.stages.http1 import client_tls_context
+
+        files = {"backend_ca_bundle": self.backend_ca_bundle, "backend_client_cert": self.backend_client_cert,
+                 "backend_client_key": self.backend_client_key}
+        named = [name for name, path in files.items() if path is not None]
+        if not named:
+            return self
+        if self.backend_url.scheme != "https":
+            raise ValueError(f"{env_name(named[0])} is for an https:// backend, but MEMWARDEN_BACKEND_URL is "
+                             f"{self.backend_url.scheme}://: use https:// or unset it")
+        if self.backend_client_key is not None and self.backend_client_cert is None:
+            raise ValueError("MEMWARDEN_BACKEND_CLIENT_KEY needs MEMWARDEN_BACKEND_CLIENT_CERT (the certificate of that key)")
+        for name in named:
+            if not files[name].is_file():  # type: ignore[union-attr]
+                raise ValueError(f"{env_name(name)}={files[name]}: no such file")
+        try:
+            client_tls_context(self.backend_ca_bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"MEMWARDEN_BACKEND_CA_BUNDLE={self.backend_ca_bundle}: not a PEM file of CA certificates "
+                             f"({getattr(exc, 'reason', None) or exc})") from None
+        try:
+            client_tls_context(self.backend_ca_bundle, self.backend_client_cert, self.backend_client_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"MEMWARDEN_BACKEND_CLIENT_CERT={self.backend_client_cert}"
+                             + (f", MEMWARDEN_BACKEND_CLIENT_KEY={self.backend_client_key}" if self.backend_client_key else "")
+                             + f": not a PEM certificate and its key ({getattr(exc, 'reason', None) or exc})") from None
+        return self
+
+    @model_validator(mode="after")
     def _shadow_is_explicit(self) -> "Settings":
         if self.shadow_mode != "off" and self.shadow_mode_confirm != "decisions-are-not-enforced":
             raise ValueError(f"MEMWARDEN_SHADOW_MODE={self.shadow_mode} is refused unless "
@@ -274,6 +315,18 @@ REMOVED = {
 
 class ConfigError(ValueError):
     """A configuration the sidecar refuses; the message is one line naming the key."""
+
+
+def backend_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of an ``https://`` backend from ``BACKEND_CA_BUNDLE``, ``BACKEND_CLIENT_CERT`` and
+    ``BACKEND_CLIENT_KEY`` (`sidecar.stages.http1.client_tls_context`: certificate and host name verification on;
+    the files were checked when the settings were made); None for ``http://``. Used by ``serve`` (the forward
+    stage) and ``memwarden adopt``. Raises what `client_tls_context` raises should the files have changed since."""
+    if settings.backend_url.scheme != "https":
+        return None
+    from sidecar.stages.http1 import client_tls_context
+
+    return client_tls_context(settings.backend_ca_bundle, settings.backend_client_cert, settings.backend_client_key)
 
 
 def env_name(field: str) -> str:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sidecar.config import ConfigError, Settings, load_settings
+from sidecar.config import ConfigError, Settings, backend_tls_context, load_settings
 
 adopt_app = typer.Typer(help="adopt the rows of an existing Chroma collection or Mem0 store, by declared rules",
                         no_args_is_help=True)
@@ -149,7 +149,8 @@ def adopt_chroma(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url:
                 target = ChromaTarget(str(settings.backend_url), rules.tenant, spec.database, spec.name,
                                       token=settings.backend_token, auth_header=_auth_header(settings, "Authorization"),
                                       timeout_s=max(settings.backend_timeout_s, 60.0), page=page,
-                                      content_keys=content_keys(settings.chroma_content_keys))
+                                      content_keys=content_keys(settings.chroma_content_keys),
+                                      verify=backend_tls_context(settings))
             except TargetError as exc:
                 raise _refuse(f"{label}: {exc}", 1) from None
             try:
@@ -198,7 +199,8 @@ def adopt_mem0(rules_file: Path = RULES, dry_run: bool = DRY_RUN, backend_url: O
     named = sorted({(k, getattr(m, k)) for m in rules.spec.map for k in NATIVE_IDS if getattr(m, k)})
     target = Mem0Target(str(settings.backend_url), spec.deployment, token=settings.backend_token,
                         auth_header=_auth_header(settings, "X-API-Key"),
-                        timeout_s=max(settings.backend_timeout_s, 60.0), extra_ids=named)
+                        timeout_s=max(settings.backend_timeout_s, 60.0), extra_ids=named,
+                        verify=backend_tls_context(settings))
     label = f"deployment {spec.deployment} (tenant {rules.tenant})"
     try:
         _check_agents(rules, store)

@@ -17,6 +17,7 @@ Both raise `TargetError` for an unreachable backend or an answer of an unexpecte
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator
@@ -51,11 +52,14 @@ class Found:
         return {k: v for k, v in self.metadata.items() if not k.startswith(GOVERNED_PREFIX)}
 
 
-def _client(url: str, token: str | None, header: str, timeout_s: float) -> httpx.Client:
+def _client(url: str, token: str | None, header: str, timeout_s: float,
+            verify: ssl.SSLContext | None = None) -> httpx.Client:
+    """`verify`: the TLS context of an https:// backend (`sidecar.config.backend_tls_context`); None: httpx's default."""
     headers = {}
     if token:
         headers[header] = f"Bearer {token}" if header.lower() == "authorization" else token
-    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False)
+    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s, trust_env=False,
+                        verify=verify if verify is not None else True)
 
 
 def _json(client: httpx.Client, method: str, path: str, **kw: Any) -> Any:
@@ -78,10 +82,10 @@ class ChromaTarget:
 
     def __init__(self, url: str, tenant: str, database: str, name: str, *, token: str | None = None,
                  auth_header: str = "Authorization", timeout_s: float = 60.0, page: int = 1000,
-                 content_keys: tuple[str, ...] = ("data",)) -> None:
+                 content_keys: tuple[str, ...] = ("data",), verify: ssl.SSLContext | None = None) -> None:
         self.tenant, self.database, self.name, self.page = tenant, database, name, page
         self.content_keys = content_keys
-        self._http = _client(url, token, auth_header, timeout_s)
+        self._http = _client(url, token, auth_header, timeout_s, verify)
         self._base = f"/api/v2/tenants/{tenant}/databases/{database}/collections"
         coll = _json(self._http, "GET", f"{self._base}/{name}")
         if not isinstance(coll, dict) or not isinstance(coll.get("id"), str):
@@ -167,9 +171,10 @@ class Mem0Target:
     backend = "mem0"
 
     def __init__(self, url: str, deployment: str, *, token: str | None = None, auth_header: str = "X-API-Key",
-                 timeout_s: float = 60.0, extra_ids: list[tuple[str, str]] | None = None) -> None:
+                 timeout_s: float = 60.0, extra_ids: list[tuple[str, str]] | None = None,
+                 verify: ssl.SSLContext | None = None) -> None:
         self.collection = deployment
-        self._http = _client(url, token, auth_header, timeout_s)
+        self._http = _client(url, token, auth_header, timeout_s, verify)
         self._extra = list(extra_ids or [])
         self.truncated: list[str] = []
         self._entities: list[tuple[str, str, int | None]] | None = None

@@ -2,7 +2,8 @@
 
 Client headers are never forwarded: every backend request carries only the sidecar's own headers
 (content type and, if configured, the backend credential). Timeouts → `UpstreamTimeout` (504);
-connection errors, 5xx, non-JSON bodies and answers over the size cap → `UpstreamError` (502);
+connection errors (a backend certificate that does not verify: a 502 saying so), 5xx, non-JSON bodies,
+answers over the size cap (encoded, or decoded: `sidecar.stages.http1.decode_body`) → `UpstreamError` (502);
 backend 4xx → `BackendClientError`.
 
 Requests are `httpx.Request`s sent through an httpx transport — `sidecar.stages.http1.Http1Transport`
@@ -16,15 +17,18 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import time
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import orjson
+import structlog
 
 from sidecar.errors import BackendClientError, BackendServerError, UpstreamError, UpstreamTimeout
-from sidecar.stages.http1 import IDEMPOTENT_METHODS, Http1Transport, ResponseTooLarge
+from sidecar.stages.http1 import (IDEMPOTENT_METHODS, Http1Transport, ResponseTooLarge, TLSVerificationFailed,
+                                  decode_body)
 
 IDEMPOTENT = {"memwarden.idempotent": True}
 MAX_URL_LENGTH = 65536  # httpx refuses longer URLs (InvalidURL); such a call keeps going through httpx.Request
@@ -116,7 +120,7 @@ class Upstream:
     def __init__(self, base_url: str, *, timeout_s: float, max_connections: int,
                  auth_header: str | None = None, token: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 max_response_bytes: int = 64 * 1024 * 1024) -> None:
+                 max_response_bytes: int = 64 * 1024 * 1024, ssl_context: ssl.SSLContext | None = None) -> None:
         headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             headers[auth_header or "Authorization"] = f"Bearer {token}" if (auth_header or "Authorization").lower() == "authorization" else token
@@ -127,7 +131,8 @@ class Upstream:
         # keep-alive timeout (5 s, the Mem0 REST server's), so a request rarely takes a connection the
         # backend is closing (and a read-only one is re-sent if it does, `Http1Transport`).
         self._transport = transport or Http1Transport(max_connections=max_connections, keepalive_expiry=2.0,
-                                                      max_response_bytes=max_response_bytes)
+                                                      max_response_bytes=max_response_bytes, ssl_context=ssl_context)
+        self._cap = max_response_bytes
         base = httpx.URL(base_url.rstrip("/") + "/")
         self._origin = f"{base.scheme}://{base.netloc.decode('ascii')}"
         self._prefix = base.raw_path.decode("ascii").rstrip("/")
@@ -139,10 +144,12 @@ class Upstream:
         # `httpx.Request`) and the target it would have sent (the re-encoded path: unreserved characters
         # and percent-escapes only, so httpx would not change it — except for dot segments, which it
         # removes: those, query parameters and URLs over httpx's length limit go through `httpx.Request`).
-        # A response with a Content-Encoding is decoded by `httpx.Response`, as before. Any other transport
-        # (tests' `httpx.MockTransport`) gets `httpx.Request`s.
-        self._fast = self._transport if type(self._transport) is Http1Transport and base.scheme == "http" else None
-        self._host, self._port = base.host, base.port or 80
+        # A response with a Content-Encoding is decoded by `decode_body`, to at most the response cap. Any other
+        # transport (tests' `httpx.MockTransport`) gets `httpx.Request`s.
+        self._fast = self._transport if type(self._transport) is Http1Transport and base.scheme in ("http", "https") \
+            else None
+        self._tls = base.scheme == "https"
+        self._host, self._port = base.host, base.port or (443 if self._tls else 80)
         self._header_sets: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
         self._head_templates: dict[tuple[str, bool], tuple[bytes, list[bytes], bool]] = {}
 
@@ -165,6 +172,29 @@ class Upstream:
 
     async def close(self) -> None:
         await self._transport.aclose()
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        """The body of `response` from a transport other than the hot path's, decoded (`decode_body`) under the
+        response cap: read as received (``aiter_raw``), at most the cap, then decoded. A response the transport
+        already read (`httpx.Response` built with ``content=``, as tests' `httpx.MockTransport` handlers do) was
+        decoded by httpx when it was built; only its size is checked. Raises `ResponseTooLarge` and the errors of
+        `decode_body`."""
+        cap = self._cap
+        if response.is_stream_consumed:
+            body = response.content
+            if len(body) > cap:
+                raise ResponseTooLarge(f"the backend's answer is over the response cap of {cap} bytes "
+                                       "(MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES)")
+            return body
+        parts: list[bytes] = []
+        size = 0
+        async for part in response.aiter_raw():
+            size += len(part)
+            if size > cap:
+                raise ResponseTooLarge(f"the backend's answer is over the response cap of {cap} bytes "
+                                       "(MEMWARDEN_BACKEND_MAX_RESPONSE_BYTES)")
+            parts.append(part)
+        return decode_body(response.headers.raw, b"".join(parts), cap)
 
     async def call(self, method: str, segments: list[str], *, json_body: Any = None,
                    params: dict[str, str] | None = None, idempotent: bool = False,
@@ -190,9 +220,9 @@ class Upstream:
                 head = self._head(method, path.encode("ascii"), content is not None, len(content or b""))
                 status, headers, body = await self._fast.send(
                     method, head, content or b"", self._timeout,
-                    idempotent or method.encode() in IDEMPOTENT_METHODS, self._host, self._port)
+                    idempotent or method.encode() in IDEMPOTENT_METHODS, self._host, self._port, tls=self._tls)
                 if any(name.lower() == b"content-encoding" for name, _ in headers):
-                    body = httpx.Response(status, headers=headers, content=body).content  # decoded as httpx does
+                    body = decode_body(headers, body, self._cap)
             else:
                 extensions: dict[str, Any] = {"timeout": self._timeout}
                 if idempotent:
@@ -201,14 +231,20 @@ class Upstream:
                                         extensions=extensions)
                 response = await self._transport.handle_async_request(request)
                 try:
-                    await response.aread()
+                    status, body = response.status_code, await self._read(response)
                 finally:
                     await response.aclose()
-                status, body = response.status_code, response.content
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("backend timed out") from exc
         except ResponseTooLarge as exc:
             raise UpstreamError(f"backend answer too large: {exc}") from exc
+        except TLSVerificationFailed as exc:
+            structlog.get_logger("memwarden.forward").warning(
+                "backend_tls_verification_failed", backend=self._origin, reason=exc.reason)
+            raise UpstreamError("backend TLS verification failed: its certificate is not trusted "
+                                "(MEMWARDEN_BACKEND_CA_BUNDLE) or does not name the backend URL's host") from exc
+        except httpx.DecodingError as exc:
+            raise UpstreamError(f"backend answer not decodable: {exc}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError("backend unreachable") from exc
         finally:

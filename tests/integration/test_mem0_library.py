@@ -110,7 +110,8 @@ def test_update_and_delete_through_mem0(stack: Stack, world: tuple[Tenant, dict[
     assert (raw["mw_owner"], raw["mw_scope"], raw["mw_tenant"]) == (f"{t.name}/red/a1", "fleet", t.name)
     with pytest.raises(Exception, match="not permitted|403"):
         m["a2"].update(note, text="a2 rewrites a1's note")  # not its row
-    m["a2"].delete(note)  # Chroma's delete answers 200 for ids it cannot delete; the sidecar deletes only what Cedar allows
+    with pytest.raises(Exception, match="not permitted|403"):
+        m["a2"].delete(note)  # a fleet mate may read it but not delete it: 403, nothing deleted (all-or-nothing)
     assert m["a1"].get(note)["memory"] == "the printer moved to floor four"
     m["a1"].delete(note)
     for agent in ("a1", "a2", "b2"):
@@ -178,7 +179,8 @@ def test_langchain_chroma_through_the_sidecar(stack: Stack, world: tuple[Tenant,
     filtered = stores["a1"].similarity_search("where are the keys", k=5, filter={"topic": "kitchen"})
     assert [d.page_content for d in filtered] == ["everyone may use the kitchen"]
     assert stores["b1"].similarity_search("kitchen", k=5, filter={"topic": "keys"}) == []
-    stores["a2"].delete(ids=["lc-kitchen"])  # not a2's row: nothing deleted (the sidecar deletes only what Cedar allows)
+    with pytest.raises(Exception, match="not permitted|403"):
+        stores["a2"].delete(ids=["lc-kitchen"])  # a2 may read a1's tenant row but not delete it: 403, nothing deleted
     assert {d.page_content for d in stores["b1"].similarity_search("kitchen", k=5)} == {"everyone may use the kitchen"}
     stores["a1"].delete(ids=["lc-keys", "lc-kitchen"])
     assert stores["a1"].similarity_search("keys", k=5) == []

@@ -829,6 +829,15 @@ class MemoryMachine(RuleBasedStateMachine):
         if who == OUTSIDER:
             assert status in (403, 404) and not deleted, f"outsider delete: {status}"
             return
+        if self.backend.batch_delete:
+            # README "One rule on every backend": a delete by ids is all-or-nothing, as a write; a named live
+            # row the caller may read but not delete makes it 403 and nothing is deleted.
+            blocked = [i for i in ids if i in self.model.rows and self.model.rows[i].live
+                       and may_read(who, self.model.rows[i]) and not may_change(who, self.model.rows[i])]
+            if blocked:
+                self.events["delete:refused"] += 1
+                assert status == 403 and deleted is None, f"{where}: {status} ({blocked} not deletable)"
+                return
         direct, gone = self.model.delete(who, ids)
         self.events["delete:none" if not direct else "delete:closure" if len(gone) > len(direct) else "delete:rows"] += 1
         if self.backend.batch_delete:

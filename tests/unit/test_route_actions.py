@@ -321,7 +321,9 @@ CHROMA_EXPECTED: dict[str, tuple[str, str, str]] = {
     "get": ("list:Collection read:Memory", "list:Collection read:Memory", ""),
     "get-by-ids": ("list:Collection read:Memory", "list:Collection read:Memory", ""),
     "query": ("read:Memory search:Collection", "read:Memory search:Collection", ""),
-    "delete-by-ids": ("delete:Memory list:Collection", "delete:Memory list:Collection", ""),
+    # An agent's delete by ids is all-or-nothing: a named row it may read but not delete refuses the whole
+    # request (403), so the rows it cannot delete are decided for read:Memory to tell 403 from "not found".
+    "delete-by-ids": ("delete:Memory list:Collection read:Memory", "delete:Memory list:Collection", ""),
     "delete-where": ("delete:Memory delete_bulk:Collection", "delete:Memory delete_bulk:Collection", ""),
     "count": ("list:Collection read:Memory", "list:Collection read:Memory", ""),
     "collection_info": ("list:Collection", "list:Collection", ""),
