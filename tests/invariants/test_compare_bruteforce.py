@@ -10,6 +10,7 @@ an action ``compare_sets`` reports changed must have such a request in the unive
 
 from __future__ import annotations
 
+import os
 from itertools import product
 from typing import Any
 
@@ -118,7 +119,13 @@ def world() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]:
     return ents, reqs, base
 
 
-@pytest.mark.parametrize("name,old,new", EDITS, ids=[e[0] for e in EDITS])
+# A full run of the seven edits takes minutes of solver time; CI runs one edit of each kind (a widening, a narrowing,
+# a status guard, the no-op) and ``MW_BRUTEFORCE_ALL=1`` runs them all.
+CI_EDITS = ("fleet-read-any-trust", "deleted-guard-one-scope", "update-delete-trust-2", "no-op")
+CHOSEN = EDITS if os.environ.get("MW_BRUTEFORCE_ALL") else [e for e in EDITS if e[0] in CI_EDITS]
+
+
+@pytest.mark.parametrize("name,old,new", CHOSEN, ids=[e[0] for e in CHOSEN])
 def test_compare_agrees_with_brute_force(name: str, old: str, new: str,
                                          world: tuple[list[dict[str, Any]], list[dict[str, Any]], list[bool]]) -> None:
     ents, reqs, base = world
