@@ -107,7 +107,10 @@ async def _hold(port: int, kind: str, key: str, seconds: float, log: list[tuple[
     i = 0
 
     async def answered() -> bytes:
-        return await reader.read(4096)
+        try:
+            return await reader.read(4096)
+        except ConnectionResetError:  # closed while bytes it sent were unread (evicted, or after a 408): a reset
+            return b""
 
     reading = asyncio.ensure_future(answered())
     try:

@@ -286,3 +286,22 @@ def test_bodies_longer_than_a_parsing_step_arrive_whole(kind: str, cap: int) -> 
             await served.stop()
 
     run(kind, main())
+
+
+def test_settings_defaults_and_refusals(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from sidecar.config import ConfigError, load_settings
+
+    monkeypatch.chdir(tmp_path)  # no .env
+    for k in list(__import__("os").environ):
+        if k.upper().startswith("MEMWARDEN_"):
+            monkeypatch.delenv(k)
+    settings = load_settings()
+    assert (settings.max_pipelined_requests, settings.max_unsent_bytes, settings.write_timeout_s) == (16, 262144, 10.0)
+    for name, bad in (("MAX_PIPELINED_REQUESTS", "0"), ("MAX_PIPELINED_REQUESTS", "1025"), ("MAX_UNSENT_BYTES", "1000"),
+                      ("WRITE_TIMEOUT_S", "0"), ("WRITE_TIMEOUT_S", "soon")):
+        monkeypatch.setenv(f"MEMWARDEN_{name}", bad)
+        with pytest.raises(ConfigError, match=name.lower()):
+            load_settings()
+        monkeypatch.delenv(f"MEMWARDEN_{name}")
+    with pytest.raises(ValueError, match="write_timeout_s"):
+        server.ConnectionLimits(write_timeout_s=0)
