@@ -1092,6 +1092,16 @@ class ChromaProfile:
             visible = [i for i in client_ids if i in admitted]
         return client_where, visible, True
 
+    def _id_list_expected(self, ex: Exchange, rec: CollectionRecord, mode: str) -> bool:
+        """Whether `_pushdown` is expected to send the ledger's id list (no ledger read: the planner's counts say at
+        most ``ID_PUSHDOWN_MAX`` rows are admitted, and the collection's id-list reads did not fail lately)."""
+        limit = self.settings.id_pushdown_max
+        off = self._id_plan_off.get(rec.collection_id)
+        if limit <= 0 or (off is not None and time.monotonic() < off):
+            return False
+        estimate = self.planner.admitted_rows(self._p(ex), rec.collection_id, wide=mode == "tenant")
+        return estimate is not None and estimate <= limit
+
     def _id_plan_failed(self, rec: CollectionRecord) -> None:
         """The backend answered an id-list read of `rec` with a 5xx (Chroma does when a listed id is not stored, e.g.
         a row deleted straight in Chroma): its reads use the where filter for `ID_PLAN_BACKOFF_S`."""
@@ -1103,27 +1113,77 @@ class ChromaProfile:
 
     async def _scan(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                     where_document: Any, include: Any, offset: int, limit: int | None,
-                    keep: Any, early: bool = True, filtered: bool = False) -> tuple[list[dict[str, Any]], list[str] | None]:
+                    keep: Any, early: bool = True, filtered: bool = False,
+                    guarded: bool = False) -> tuple[list[dict[str, Any]], list[str] | None]:
         """Page through Chroma get and keep rows for which ``keep(batch_ids[, stamps]) -> set`` holds.
 
         Applies `offset`/`limit` over kept rows. Returns (rows, included). `early`: the ledger rows of `ids` (at
         most a page of them) may be read while Chroma answers the first page. When the answer depends on content
         (`include` asks for some, or `filtered`: the client filtered by it), each row's stamp is fetched with it
         (`stamped_include`) and `keep` gets them (`_keep`); a row read early whose stamp disagrees is read again
-        first (`_reread_changing`). When `include` names content (documents, embeddings, uris), the pages hold ids
-        and stamps only and the content of the rows kept is fetched after (`content_include`, `_with_content`):
-        a row the caller may not read never has its content fetched.
+        first (`_reread_changing`). When `include` names content (documents, embeddings, uris) and the fetch is not
+        `guarded` (under the caller's own visibility filter, pushdown ``scope``), rows named before Chroma is asked
+        (`ids`, read `early`) are decided first and only the readable ones fetched (`_scan_named`); otherwise the
+        pages hold ids and stamps only and the content of the rows kept is fetched after (`content_include`,
+        `_with_content`): a row the caller may not read never has its content fetched.
         """
         if limit == 0:
             return [], None
         send, checked, added = stamped_include(include, filtered)
         first, content = content_include(send, DEFAULT_GET_INCLUDE)
-        rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
-                                               include=first, content=content, checked=checked, offset=offset,
-                                               limit=limit, keep=keep, early=early)
+        if content is not None and guarded:
+            first, content = send, None  # every row fetched is one the caller's visibility filter admits: one phase
+        if content is not None and early and ids and len(ids) <= self.settings.page_rows:
+            rows, included = await self._scan_named(ex, rec, ids=ids, where=where, where_document=where_document,
+                                                    include=content, offset=offset, limit=limit)
+        else:
+            rows, included = await self._scan_rows(ex, rec, ids=ids, where=where, where_document=where_document,
+                                                   include=first, content=content, checked=checked, offset=offset,
+                                                   limit=limit, keep=keep, early=early)
         if content is not None and included is not None:  # what Chroma names for the whole include, unsplit
             included = list(dict.fromkeys([*content, *first]))
         return rows, _unstamped(rows, included) if added else included
+
+    async def _scan_named(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str], where: Any, where_document: Any,
+                          include: list[str], offset: int, limit: int | None) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`_scan` of rows named before Chroma is asked (a client's ids, or the id list of the tenant filter), at
+        most a page, whose read includes content: decided on the ledger first (their rows read now, one trip), and
+        Chroma asked in one fetch, with `include` (content and stamps), for the rows the caller may read — the
+        content of a row it may not read is never fetched. The answer's rows are decided again on the same ledger
+        rows against their stamps (`_reread_changing` for those that disagree); a row withheld then, or one Chroma
+        did not return, is taken back out of the decision log's allowed count."""
+        include_superseded, as_of = history_view(ex.query)
+        await self.authz.prefetch(ex, BACKEND, rec.collection_id, ids, always=True)  # off the loop (PostgreSQL)
+        try:
+            readable = self.authz.readable(ex, BACKEND, rec.collection_id, ids, include_superseded, as_of)
+        except BaseException:
+            self.authz.release(ex, BACKEND, rec.collection_id)
+            raise
+        asked = [i for i in ids if i in readable]
+        if not asked:
+            self.authz.release(ex, BACKEND, rec.collection_id)
+            return [], None
+        seen: set[str] = set()
+
+        def keep(batch: list[str], stamps: dict[str, Any] | None = None) -> set[str]:
+            # counted above; what the stamps withhold now is taken back (`changing_row`)
+            allowed = self.authz.readable(ex, BACKEND, rec.collection_id, batch, include_superseded, as_of,
+                                          count=False, stamps=stamps)
+            seen.update(batch)
+            changing = len(set(batch) - allowed)
+            if changing:
+                ex.rows_allowed -= changing
+                ex.rows_hidden_deleted += changing
+                ex.row_deny_reasons[CHANGING_ROW] = ex.row_deny_reasons.get(CHANGING_ROW, 0) + changing
+                ex.reason = CHANGING_ROW
+            return allowed
+        try:
+            # the rows read above stay kept for the decision on the answer (`_scan_rows` reads only what is missing)
+            return await self._scan_rows(ex, rec, ids=asked, where=where, where_document=where_document, include=include,
+                                         checked=True, offset=offset, limit=limit, keep=keep, early=False)
+        finally:
+            self.authz.release(ex, BACKEND, rec.collection_id)
+            ex.rows_allowed -= len(set(asked) - seen)  # not in Chroma, or not matching the client's filter
 
     async def _scan_rows(self, ex: Exchange, rec: CollectionRecord, *, ids: list[str] | None, where: Any,
                          where_document: Any, include: Any, checked: bool, offset: int, limit: int | None,
@@ -1319,13 +1379,14 @@ class ChromaProfile:
         early = b_ids is not None and whole and (limit is None or offset + limit >= len(b_ids))
         try:
             return await self._scan(ex, rec, ids=b_ids, where=b_where, where_document=where_document, include=include,
-                                    offset=offset, limit=limit, keep=keep, early=early, filtered=not whole)
+                                    offset=offset, limit=limit, keep=keep, early=early, filtered=not whole,
+                                    guarded=mode == "scope")
         except BackendServerError:
             if not by_ids:
                 raise
             self._id_plan_failed(rec)
         return await self._scan(ex, rec, ids=None, where=where, where_document=where_document, include=include,
-                                offset=offset, limit=limit, keep=keep, filtered=not whole)
+                                offset=offset, limit=limit, keep=keep, filtered=not whole, guarded=mode == "scope")
 
     async def op_query(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         rec = self._require_collection(ex, params, "search")
@@ -1352,13 +1413,22 @@ class ChromaProfile:
         plan = self.planner.plan(self._p(ex), rec.collection_id, k, wide=mode == "tenant")
         n_fetch = plan.n_fetch
         unfiltered = plan.unfiltered
+        send, checked, added = stamped_include(body.get("include"), filtered=True)  # ranked by content
+        # A fetch without the caller's own visibility filter (the unfiltered over-fetch, any fetch under pushdown
+        # ``tenant``) is ranked on ids, distances and stamps, and the content of the rows it serves is fetched
+        # after (`_with_content`); one under it (pushdown ``scope``) holds only rows the filter admits: one phase.
+        first, content = content_include(send, DEFAULT_QUERY_INCLUDE)
+        guarded = mode == "scope"
+        if unfiltered and content is not None and guarded and self.planner.mode == "auto" \
+                and self._id_list_expected(ex, rec, mode):
+            # the id list is about as cheap for Chroma as no filter, and it saves the second phase
+            unfiltered = False
+            n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
         # what the backend gets: (where, ids, whether ids is the visibility filter's id list — `_pushdown`)
         sent = (client_where, ids, False) if unfiltered else await self._pushdown(ex, rec, client_where, ids, where, mode)
         readable_of = self._keep(ex, rec)
         tally = [0, 0]  # candidates decided, readable (of the first fetch: the planner's observation)
-        send, checked, added = stamped_include(body.get("include"), filtered=True)  # ranked by content
-        # Ranked on ids, distances and stamps; the content of the rows served is fetched after (`_with_content`).
-        first, content = content_include(send, DEFAULT_QUERY_INCLUDE)
+        split: set[int] = set()  # query lists made of a fetch without content (its second phase is owed)
         stamps: dict[str, Any] | None = None  # of the fetch being decided
 
         def keep(batch: list[str]) -> set[str]:
@@ -1370,8 +1440,11 @@ class ChromaProfile:
         while pending:
             req = {**body, "query_embeddings": [embeddings[i] for i in pending], "n_results": n_fetch,
                    "where": sent[0], "ids": sent[1]}
-            if added or content is not None:
+            two_phase = content is not None and (unfiltered or not guarded)
+            if two_phase:
                 req["include"] = first
+            elif added:
+                req["include"] = send
             exact: list[bool] = []
             try:
                 resp = await self.upstream.call("POST", self._data_segments(rec, "query"), json_body=req,
@@ -1408,6 +1481,8 @@ class ChromaProfile:
                 exhausted = len(resp["ids"][j]) < n_fetch or n_fetch >= self.settings.max_scan_rows
                 if len(taken[j]) >= k or exhausted:
                     final[i] = taken[j]
+                    if two_phase:
+                        split.add(i)
                 else:
                     still.append(i)
             pending = still
@@ -1420,12 +1495,13 @@ class ChromaProfile:
                 n_fetch = min(max(k * self.settings.overfetch_factor, 1), self.settings.max_scan_rows)
                 continue
             n_fetch = min(n_fetch * 2, self.settings.max_scan_rows)
-        if content is not None:
-            served = [r for rows in final.values() for r in rows]
+        if content is not None and split:
+            served = [r for i in split for r in final[i]]
             withheld, named = await self._with_content(ex, rec, served, content, client_where,
                                                        body.get("where_document")) if served else (set(), False)
             if withheld:
-                final = {i: [r for r in rows if r["ids"] not in withheld] for i, rows in final.items()}
+                final = {i: [r for r in rows if r["ids"] not in withheld] if i in split else rows
+                         for i, rows in final.items()}
             if included is not None or named:  # what Chroma names for the whole include, unsplit
                 included = list(dict.fromkeys([*content, *first]))
         for rows in final.values():

@@ -62,8 +62,7 @@ class Chroma:
                 for i in (b.get("ids") or ["<all>"])]
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> tuple[TestClient, Chroma, str, SQLiteLedger]:
+def make(tmp_path: Path, pushdown: str) -> tuple[TestClient, Chroma, str, SQLiteLedger]:
     ledger = SQLiteLedger(tmp_path / "l.db")
     ledger.register_collection(CollectionRecord("chroma", CID, "t", "db", "mem", "x", 1))
     ledger.reserve_rows(ROWS)
@@ -71,9 +70,22 @@ def world(tmp_path: Path) -> tuple[TestClient, Chroma, str, SQLiteLedger]:
     _, key = ledger.create_key("agent", "t", "red", "a", 1)
     chroma = Chroma()
     app = create_app(Settings(policies_dir=POLICIES, backend_url="http://backend:9", policy_watch_interval_s=0,
-                              reconcile_interval_s=0, query_plan="postfilter-first", id_pushdown_max=0),
+                              reconcile_interval_s=0, query_plan="postfilter-first", id_pushdown_max=0,
+                              pushdown=pushdown),  # type: ignore[arg-type]
                      transport=httpx.MockTransport(chroma), ledger=ledger)
     return TestClient(app), chroma, key, ledger
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[TestClient, Chroma, str, SQLiteLedger]:
+    """Pushdown ``scope``: gets without ids and refills are under the caller's own filter (one phase)."""
+    return make(tmp_path, "scope")
+
+
+@pytest.fixture
+def wide(tmp_path: Path) -> tuple[TestClient, Chroma, str, SQLiteLedger]:
+    """Pushdown ``tenant``: no fetch is under the caller's own filter (this mock applies none: every row comes back)."""
+    return make(tmp_path, "tenant")
 
 
 def test_the_phases_of_an_include() -> None:
@@ -87,23 +99,46 @@ def test_the_phases_of_an_include() -> None:
 
 
 @pytest.mark.parametrize("body", [{"ids": [r.row_id for r in ROWS]}, {"ids": [r.row_id for r in ROWS], "include": CONTENT},
-                                  {"where": {"k": 1}, "include": ["documents"]}, {"limit": 1, "offset": 1}])
-def test_a_get_fetches_the_content_of_the_rows_it_serves_only(world: Any, body: dict[str, Any]) -> None:
+                                  {"ids": [r.row_id for r in ROWS], "where": {"k": 1}, "limit": 1, "offset": 1}])
+def test_a_get_of_named_rows_decides_them_first_and_fetches_the_readable_ones_once(world: Any, body: dict[str, Any]) -> None:
     client, chroma, key, _ = world
     r = client.post(f"{BASE}/get", json=body, headers={"X-API-Key": key})
     assert r.status_code == 200, r.text
     served = r.json()["ids"]
     assert set(served) <= {"own", "fleet"} and served
-    assert sorted(chroma.content_asked()) == sorted(served)
+    assert len(chroma.sent) == 1 and sorted(chroma.sent[0][1]["ids"]) == ["fleet", "own"]  # one fetch, readable only
     docs = r.json()["documents"]
     assert docs is None or docs == [f"text of {i}" for i in served]
-    if "include" in body and "uris" in body["include"]:
+    if "include" in body:
         assert r.json()["uris"] == [f"u:{i}" for i in served] and r.json()["metadatas"] is None
 
 
-@pytest.mark.parametrize("include", [None, ["documents"], ["documents", "distances", "embeddings"]])
-def test_a_query_ranks_on_stamps_and_fetches_the_content_of_the_rows_it_serves_only(world: Any, include: Any) -> None:
+@pytest.mark.parametrize("body", [{"include": ["documents"]}, {"where": {"k": 1}}, {"limit": 1, "offset": 1}])
+def test_a_get_without_the_callers_filter_fetches_the_content_of_the_rows_it_serves_only(wide: Any,
+                                                                                          body: dict[str, Any]) -> None:
+    client, chroma, key, _ = wide
+    r = client.post(f"{BASE}/get", json=body, headers={"X-API-Key": key})
+    assert r.status_code == 200, r.text
+    served = r.json()["ids"]
+    assert set(served) <= {"own", "fleet"} and served
+    assert sorted(chroma.content_asked()) == sorted(served)
+    assert r.json()["documents"] == [f"text of {i}" for i in served]
+
+
+def test_a_get_under_the_callers_filter_is_one_fetch(world: Any) -> None:
     client, chroma, key, _ = world
+    r = client.post(f"{BASE}/get", json={"include": ["documents"]}, headers={"X-API-Key": key})
+    assert r.status_code == 200, r.text
+    (op, sent), = chroma.sent
+    assert "documents" in sent["include"] and "mw_scope" in json.dumps(sent["where"])  # the pushdown, with content
+
+
+@pytest.mark.parametrize("include", [None, ["documents"], ["documents", "distances", "embeddings"]])
+@pytest.mark.parametrize("which", ["world", "wide"])
+def test_a_query_ranks_on_stamps_and_fetches_the_content_of_the_rows_it_serves_only(request: pytest.FixtureRequest,
+                                                                                     which: str, include: Any) -> None:
+    """The over-fetch (``postfilter-first``) and, under pushdown ``tenant``, every fetch: no content."""
+    client, chroma, key, _ = request.getfixturevalue(which)
     body: dict[str, Any] = {"query_embeddings": [[0.5, 0.5]], "n_results": 2}
     if include is not None:
         body["include"] = include
@@ -112,7 +147,7 @@ def test_a_query_ranks_on_stamps_and_fetches_the_content_of_the_rows_it_serves_o
     assert r.json()["ids"] == [["own", "fleet"]]
     assert r.json()["documents"] == [["text of own", "text of fleet"]]
     queries = [b for op, b in chroma.sent if op == "query"]
-    assert queries and all(not set(CONTENT) & set(b["include"]) for b in queries)  # the over-fetch: no content
+    assert queries and all(not set(CONTENT) & set(b["include"]) for b in queries)  # no content in any query
     assert sorted(chroma.content_asked()) == ["fleet", "own"]
     if include is None or "distances" in include:
         assert r.json()["distances"] == [[0.0, 0.1]]
@@ -121,13 +156,17 @@ def test_a_query_ranks_on_stamps_and_fetches_the_content_of_the_rows_it_serves_o
 @pytest.mark.parametrize("change,served", [({"scope": "agent"}, False), ({"labels": ("ops",)}, True)],
                          ids=["narrowed", "labelled"])
 @pytest.mark.parametrize("ledger_too", [False, True], ids=["stamp-only", "stamp-and-ledger"])
-def test_a_row_whose_stamp_changed_between_the_phases_is_decided_again(world: Any, change: dict[str, Any], served: bool,
-                                                                       ledger_too: bool) -> None:
+@pytest.mark.parametrize("which,body", [("world", {"ids": ["own", "fleet"], "include": ["documents"]}),
+                                        ("wide", {"include": ["documents"]})], ids=["named-ids", "two-phase"])
+def test_a_row_whose_stamp_changed_between_the_phases_is_decided_again(request: pytest.FixtureRequest, which: str,
+                                                                       body: dict[str, Any], change: dict[str, Any],
+                                                                       served: bool, ledger_too: bool) -> None:
     """An update of ``fleet`` lands between the first fetch and the content fetch: its new content and stamp in
     Chroma, then (`ledger_too`) its ledger row. The row is decided again on the ledger row now against the stamp its
     content came with: withheld while they disagree or when the new governance is not the reader's (narrowed to
-    its owner), served with the new content once they agree on governance the reader may read (a label added)."""
-    client, chroma, key, ledger = world
+    its owner), served with the new content once they agree on governance the reader may read (a label added).
+    Named ids are decided before the one fetch, which the update races; otherwise it races the content fetch."""
+    client, chroma, key, ledger = request.getfixturevalue(which)
     after = dataclasses.replace(ROWS[1], **change)
 
     def update() -> None:
@@ -135,7 +174,7 @@ def test_a_row_whose_stamp_changed_between_the_phases_is_decided_again(world: An
         if ledger_too:
             ledger.update_governance([after])
     chroma.before_content = update
-    r = client.post(f"{BASE}/get", json={"ids": ["own", "fleet"], "include": ["documents"]}, headers={"X-API-Key": key})
+    r = client.post(f"{BASE}/get", json=body, headers={"X-API-Key": key})
     assert r.status_code == 200, r.text
     if served and ledger_too:
         assert r.json()["ids"] == ["own", "fleet"] and r.json()["documents"] == ["text of own", "new text"]
