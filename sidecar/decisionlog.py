@@ -325,7 +325,7 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
     encode, option = orjson.dumps, orjson.OPT_NON_STR_KEYS
     static: dict[tuple[Any, ...], bytes] = {}
     size = STATIC_SIZE
-    version = SCHEMA_VERSION
+    version, path_max = SCHEMA_VERSION, PATH_MAX
 
     def record_fast(ex: Exchange, status: int, policy_sha256: str | None, mode: str) -> None:
         principal = ex.principal
@@ -349,8 +349,10 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
                     if len(static) >= size:
                         static.clear()
                     static[key] = run
-            client, path = _where(ex)
-            head = encode({"schema_version": version, "request_id": ex.request_id, "client": client, "path": path},
+            path = ex.raw_path  # `_where`, inline
+            if type(path) is str and len(path) > path_max:
+                path = path[:path_max]
+            head = encode({"schema_version": version, "request_id": ex.request_id, "client": ex.client, "path": path},
                           default=default, option=option)
             rest = _row_fields(ex, mode)
             rest["event"] = "decision"
