@@ -95,6 +95,9 @@ class Exchange:
     would_deny: int = 0
     would_deny_reasons: dict[str, int] = field(default_factory=dict)
     would_deny_row_ids: list[str] = field(default_factory=list)
+    # (action, resource) of every would-deny counted: a row decided twice in one request (on its ledger row,
+    # then on the fetched row) is one would-deny
+    would_deny_seen: set[tuple[str, tuple[str, str]]] = field(default_factory=set)
     row_ids: list[str] = field(default_factory=list)
     denied_row_ids: list[str] = field(default_factory=list)
     # Ledger rows read for this request's read decisions, by (backend, collection, row id): reused by the

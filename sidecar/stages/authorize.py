@@ -258,6 +258,9 @@ class Authorizer:
                 ex.reason = d.reason  # the latest denial explains a refusal raised right after it
                 ex.deny_action = r.action
             elif d.would_deny:
+                if (r.action, r.resource) in ex.would_deny_seen:
+                    continue  # decided again in this request (ledger row, then fetched row): counted once
+                ex.would_deny_seen.add((r.action, r.resource))
                 ex.would_deny += 1
                 tally(ex.would_deny_reasons, d.reason)
                 ex.deny_policies.update(p for p in d.policies if p != "shadow-mode:would-deny")
