@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,9 +19,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.config import Settings
 from sidecar.harness import Server, free_port, start_sidecar
+from sidecar.logship import from_settings
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.logutil import FIELDS, decisions, file_sink
+from tests.tls_certs import make_certs
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +36,10 @@ class Collector:
     really refuses connections): records every POST's headers and its NDJSON events; `up`/`down` start and stop it
     on the same port."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: ssl.SSLContext | None = None) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}/ingest"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/ingest"
         self.events: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.lock = threading.Lock()
@@ -59,6 +64,8 @@ class Collector:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def down(self) -> None:
@@ -194,3 +201,31 @@ def test_sigterm_flushes_the_buffer(tmp_path: Path, chroma_server: Server, colle
     assert side.proc.returncode == 0
     assert sorted(collector.by_id()) == sorted(ids)
     assert {e["instance"] for e in collector.events} == {"sidecar-it-1"}
+
+
+def test_https_collector_verified_by_the_ca_bundle_with_a_client_certificate(tmp_path: Path) -> None:
+    """An https collector requiring a client certificate: the shipper built from the settings (CA bundle, client
+    certificate and key) delivers; one trusting only the system store never does (the handshake fails, counted,
+    nothing sent) and counts the events dropped at its shutdown deadline."""
+    certs = make_certs(tmp_path)
+    c = Collector(free_port(), certs.server_context(require_client_cert=True))
+    c.up()
+    try:
+        line = json.dumps({"schema_version": 1, "request_id": "r1", "policy_sha256": "00"}, separators=(",", ":"))
+        good = from_settings(Settings(decision_log_url=c.url, decision_log_ca_bundle=certs.ca,
+                                      decision_log_client_cert=certs.client_cert, decision_log_client_key=certs.client_key,
+                                      decision_log_instance="tls-test"))
+        assert good is not None
+        good.enqueue(line)
+        good.close(30)
+        assert [(e["request_id"], e["instance"]) for e in c.events] == [("r1", "tls-test")]
+        untrusting = from_settings(Settings(decision_log_url=c.url, decision_log_retry_base_s=0.05,
+                                            decision_log_retry_max_s=0.1))
+        assert untrusting is not None
+        untrusting.enqueue(line)
+        untrusting.close(0.5)
+        st = untrusting.stats()
+        assert st["send_errors"]["connect"] >= 1 and st["dropped"]["shutdown"] == 1 and st["shipped"] == 0
+        assert len(c.events) == 1
+    finally:
+        c.down()
