@@ -355,14 +355,17 @@ class Shipper:
 
 class Tee:
     """A structlog-style logger writing each line to `sink` (a logger of `sidecar.logsinks.logger_factory`) and then
-    handing it to `ship` (`Shipper.enqueue`): every method name structlog may call is the same function."""
+    handing it to `ship` (`Shipper.enqueue`) — also when the sink raised, whose exception then propagates as
+    before: every method name structlog may call is the same function."""
 
     def __init__(self, sink: Any, ship: Callable[[str], None]) -> None:
         write = sink.info
 
         def both(line: str) -> None:
-            write(line)
-            ship(line)
+            try:
+                write(line)
+            finally:  # the collector still gets the event when the local sink failed (a closed stdout)
+                ship(line)
 
         self.msg = self.log = self.debug = self.info = self.warn = self.warning = both
         self.err = self.error = self.critical = self.exception = self.failure = self.fatal = both

@@ -265,6 +265,15 @@ def test_tee_writes_the_sink_then_ships() -> None:
     tee.msg("{ }")
     assert lines == ["sink:{}", "ship:{}", "sink:{ }", "ship:{ }"]
 
+    class Broken:
+        def info(self, line: str) -> None:
+            raise BrokenPipeError
+
+    shipped: list[str] = []
+    with pytest.raises(BrokenPipeError):
+        Tee(Broken(), shipped.append).info("{}")
+    assert shipped == ["{}"]  # the collector still gets it
+
 
 def test_shipper_bounds_and_reserved_headers() -> None:
     with pytest.raises(ValueError):
