@@ -125,6 +125,8 @@ def test_events_reach_the_collector_through_an_outage(tmp_path: Path, chroma_ser
         agent = stack.key(t.name, "red", "a1", 1)
         get = f"/api/v2/tenants/{t.name}/databases/default_database/collections/{t.collection_id}/get"
         sha = side.readiness().json()["policy"]["sha256"]
+        assert f"decisions file {log}; shipped to {collector.url} (ndjson, gzip, batches of {BATCH_MAX} or every " \
+               f"0.2 s, buffer {BUFFER_MAX})" in side.log.read_text()  # the start-up banner
 
         def requests(n: int) -> list[str]:
             """`n` requests, alternately allowed (200) and unauthenticated (401); their request ids."""
