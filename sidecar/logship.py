@@ -12,7 +12,7 @@ lock held for a few list operations, and never waits for the network, raises or 
   array (``application/json``, what OPA's decision-log API sends). Each event is the decision event of the other sinks
   (``schema_version``, ``policy_sha256``, ...) with one more field at the end: ``instance``, naming the sidecar
   instance (``DECISION_LOG_INSTANCE``, default the host name — a pod's name);
-- **retry** — a batch the collector did not take (a connection error, a timeout, an HTTP 401/403/404/408/429 or 5xx)
+- **retry** — a batch the collector did not take (a connection error, a timeout, any non-2xx answer but those below)
   is sent again after an exponential backoff with jitter (`backoff_delay`: ``retry_base_s * 2**n`` capped at
   `retry_max_s`, a uniform draw from its upper half; at least a numeric ``Retry-After`` within the cap), until it is
   taken; a batch refused for its content (HTTP 400, 413, 415, 422 — it would never be taken) is dropped, counted and
@@ -52,7 +52,10 @@ import structlog
 
 __all__ = ["Shipper", "Tee", "backoff_delay", "from_settings"]
 
-RETRY_STATUSES = frozenset({401, 403, 404, 408, 425, 429})  # besides every 5xx: sent again after a backoff
+# Answers that refuse a batch for its content: it would never be taken, so it is dropped (counted ``rejected``).
+# Every other non-2xx answer (401/403 while a token rotates, 404/405 while a collector is redeployed, 429, 5xx) is
+# retried: the buffer bounds what waits meanwhile.
+REJECT_STATUSES = frozenset({400, 413, 415, 422})
 DROP_REASONS = ("buffer_full", "rejected", "shutdown")
 ERROR_KINDS = ("connect", "timeout", "4xx", "5xx", "token_file", "other")
 RESERVED_HEADERS = frozenset({"content-type", "content-encoding", "content-length", "host", "transfer-encoding"})
@@ -329,9 +332,9 @@ class Shipper:
         except ValueError:
             pass
         self._error("5xx" if status >= 500 else "4xx" if status >= 400 else "other", status, None)
-        if status >= 500 or status in RETRY_STATUSES or status < 400:
-            return "retry", retry_after
-        return "rejected", None
+        if status in REJECT_STATUSES:
+            return "rejected", None
+        return "retry", retry_after
 
     def _error(self, kind: str, status: int | None, error: str | None) -> None:
         self._errors[kind] += 1

@@ -127,20 +127,20 @@ def test_json_array_format() -> None:
     assert [e["n"] for e in c.events()] == [0, 1, 2] and c.events()[0]["instance"] == "pod-a"
 
 
-def test_retry_after_5xx_and_connection_errors_then_success() -> None:
-    c = Collector([503, httpx.ConnectError("refused"), 500, httpx.ReadTimeout("slow"), 200])
+def test_retry_after_5xx_4xx_and_connection_errors_then_success() -> None:
+    c = Collector([503, httpx.ConnectError("refused"), 500, httpx.ReadTimeout("slow"), 404, 429, 200])
     s = shipper(c, batch_max=2)
     s.start()
     s.enqueue(event(1))
     s.enqueue(event(2))
     c.wait_for(lambda: len(c.batches) == 1)
-    assert c.attempts == 5
+    assert c.attempts == 7
     bodies = {r.content for r in c.requests}
     assert len(bodies) == 1  # the same batch each time
     assert [e["n"] for e in c.events()] == [1, 2]
     s.close(10)
     st = s.stats()
-    assert st["send_errors"] == {"connect": 1, "timeout": 1, "4xx": 0, "5xx": 2, "token_file": 0, "other": 0}
+    assert st["send_errors"] == {"connect": 1, "timeout": 1, "4xx": 2, "5xx": 2, "token_file": 0, "other": 0}
     assert st["shipped"] == 2 and sum(st["dropped"].values()) == 0
 
 
