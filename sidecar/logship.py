@@ -15,8 +15,8 @@ lock held for a few list operations, and never waits for the network, raises or 
 - **retry** — a batch the collector did not take (a connection error, a timeout, any non-2xx answer but those below)
   is sent again after an exponential backoff with jitter (`backoff_delay`: ``retry_base_s * 2**n`` capped at
   `retry_max_s`, a uniform draw from its upper half; at least a numeric ``Retry-After`` within the cap), until it is
-  taken; a batch refused for its content (HTTP 400, 413, 415, 422 — it would never be taken) is dropped, counted and
-  logged. Any 2xx is success;
+  taken; a batch refused for its content (HTTP 400, 415, 422 — it would never be taken) is dropped, counted and
+  logged; one too large for the collector (413) is split in halves, down to single events. Any 2xx is success;
 - **bounded buffer** — at most `buffer_max` events wait (plus the one batch being sent); an event arriving at a full
   buffer pushes out the **oldest** waiting event, which is dropped and counted: the newest events are kept (the log of
   an ongoing incident over a stale backlog);
@@ -55,7 +55,7 @@ __all__ = ["Shipper", "Tee", "backoff_delay", "from_settings"]
 # Answers that refuse a batch for its content: it would never be taken, so it is dropped (counted ``rejected``).
 # Every other non-2xx answer (401/403 while a token rotates, 404/405 while a collector is redeployed, 429, 5xx) is
 # retried: the buffer bounds what waits meanwhile.
-REJECT_STATUSES = frozenset({400, 413, 415, 422})
+REJECT_STATUSES = frozenset({400, 415, 422})  # (413, too large, splits the batch: `Shipper._deliver`)
 DROP_REASONS = ("buffer_full", "rejected", "shutdown")
 ERROR_KINDS = ("connect", "timeout", "4xx", "5xx", "token_file", "other")
 RESERVED_HEADERS = frozenset({"content-type", "content-encoding", "content-length", "host", "transfer-encoding"})
@@ -253,24 +253,47 @@ class Shipper:
             self._report(force=True)
 
     def _deliver(self, batch: list[str], final: bool) -> bool:
-        """POST `batch` until it is taken (True) or refused for its content (dropped; True); False when stopping
-        (normal operation) or past the deadline (final flush) first."""
-        body = self._body(batch)
+        """Ship `batch` (the batch in flight, `_inflight`): True once every event of it was taken or dropped as
+        refused; False when stopping (normal operation) or past the deadline (final flush) first — `_inflight` then
+        holds the events not yet taken. A batch answered 413 (too large for the collector) is split in halves, each
+        sent on its own, down to single events (a single event answered 413 is dropped, ``rejected``)."""
+        chunks = [batch]
+        while chunks:
+            chunk = chunks[0]
+            outcome = self._deliver_chunk(chunk, final)
+            if outcome == "stopped":
+                return False
+            if outcome == "too_large" and len(chunk) > 1:
+                half = len(chunk) // 2
+                chunks[0:1] = [chunk[:half], chunk[half:]]
+                continue
+            if outcome == "too_large":
+                self._dropped["rejected"] += 1
+            chunks.pop(0)
+            self._inflight = self._inflight[len(chunk):]  # chunks leave the batch in flight from its front
+        return True
+
+    def _deliver_chunk(self, chunk: list[str], final: bool) -> str:
+        """POST `chunk` until it is taken (``ok``), refused for its content (``rejected``: dropped, counted) or
+        too large (``too_large``: 413, for the caller to split); ``stopped`` when stopping or past the deadline."""
+        body = self._body(chunk)
         attempt = 0
         while True:
             timeout = self.timeout_s
             if final:
                 timeout = min(timeout, self._deadline - time.monotonic())
                 if timeout <= 0:
-                    return False
+                    return "stopped"
             outcome, retry_after = self._post(body, timeout)
             if outcome == "ok":
-                self.shipped += len(batch)
+                self.shipped += len(chunk)
                 self.batches += 1
-                return True
+                return outcome
             if outcome == "rejected":
-                self._dropped["rejected"] += len(batch)
-                return True
+                self._dropped["rejected"] += len(chunk)
+                return outcome
+            if outcome == "too_large":
+                return outcome
             delay = backoff_delay(attempt, self.retry_base_s, self.retry_max_s, self._rng)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, self.retry_max_s))
@@ -279,10 +302,10 @@ class Shipper:
             if final:
                 left = self._deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    return "stopped"
                 time.sleep(min(delay, left))
             elif self._stop.wait(delay):
-                return False
+                return "stopped"
 
     def _body(self, batch: list[str]) -> bytes:
         """The gzip-compressed body of `batch`: each line with ``instance`` appended, as NDJSON or a JSON array."""
@@ -306,7 +329,8 @@ class Shipper:
         return {"Authorization": f"Bearer {self._token[1]}"}
 
     def _post(self, body: bytes, timeout: float) -> tuple[str, float | None]:
-        """One POST: (``ok`` | ``rejected`` | ``retry``, the answer's numeric Retry-After seconds or None)."""
+        """One POST: (``ok`` | ``rejected`` | ``too_large`` | ``retry``, the answer's numeric Retry-After seconds or
+        None)."""
         try:
             headers = {**self._headers, **self._auth()}
         except (OSError, ValueError) as exc:
@@ -332,6 +356,8 @@ class Shipper:
         except ValueError:
             pass
         self._error("5xx" if status >= 500 else "4xx" if status >= 400 else "other", status, None)
+        if status == 413:
+            return "too_large", None
         if status in REJECT_STATUSES:
             return "rejected", None
         return "retry", retry_after

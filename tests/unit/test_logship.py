@@ -164,6 +164,28 @@ def test_a_batch_refused_for_its_content_is_dropped_and_counted() -> None:
     assert s.stats()["dropped"]["rejected"] == 2 and s.stats()["send_errors"]["4xx"] == 1
 
 
+def test_a_batch_too_large_for_the_collector_is_split() -> None:
+    """413 for a body of more than two events (or for the event "huge"): halves are sent, in order, down to single
+    events; a single event still too large is dropped (``rejected``)."""
+    taken: list[list[int]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        events = decode(request)
+        if len(events) > 2 or any(e.get("huge") for e in events):
+            return httpx.Response(413)
+        taken.append([e["n"] for e in events])
+        return httpx.Response(200)
+
+    s = Shipper(URL, instance="pod-a", batch_max=7, transport=httpx.MockTransport(handler), rng=random.Random(7))
+    for i in range(7):
+        s.enqueue(event(i) if i != 4 else json.dumps({"n": 4, "huge": True}))
+    s.close(10)
+    # [0..6] -> [0, 1, 2] + [3..6]; [0, 1, 2] -> [0] + [1, 2]; [3..6] -> [3, 4] + [5, 6]; [3, 4] -> [3] + [4] (dropped)
+    assert taken == [[0], [1, 2], [3], [5, 6]]
+    st = s.stats()
+    assert (st["shipped"], st["dropped"]["rejected"], st["buffered"]) == (6, 1, 0)
+
+
 def test_full_buffer_drops_the_oldest_and_counts() -> None:
     c = Collector()
     s = shipper(c, batch_max=5, buffer_max=5)
