@@ -6,6 +6,10 @@ typical read (a get of 5 rows, one denied) and a refused write. Runs against whi
     for i in 1 2 3; do PYTHONPATH=/tmp/main python bench/decisionlog_cost.py; PYTHONPATH=. python bench/decisionlog_cost.py; done
 
 Prints one line: ``schema <n> read <median µs> (min <µs>) write <median µs> (min <µs>)``. A figure, not a test: run it on a quiet machine.
+
+``--ship`` also hands every line to a running `sidecar.logship.Shipper` (its thread batching, compressing and
+POSTing to an `httpx.MockTransport` that answers 200), as ``DECISION_LOG_URL`` does: the request path's added cost
+(`Tee` + `Shipper.enqueue`) with the shipping thread competing for the interpreter; the shipper's counts follow.
 """
 
 from __future__ import annotations
@@ -59,15 +63,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ship", action="store_true", help="also enqueue each line to a running HTTP shipper")
     args = ap.parse_args()
-    record = decisionlog.recorder(decisionlog.processors(), Discard())
+    sink: object = Discard()
+    shipper = None
+    if args.ship:
+        import httpx
+
+        from sidecar.logship import Shipper, Tee
+
+        shipper = Shipper("http://collector.invalid/v1", instance="bench", flush_s=1.0,
+                          transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+        shipper.start()
+        sink = Tee(sink, shipper.enqueue)
+    record = decisionlog.recorder(decisionlog.processors(), sink)
     read, write = exchanges()
     per_event_us(record, read, 200, 1000)  # warm the kept runs
     reads = [per_event_us(record, read, 200, args.events) for _ in range(args.rounds)]
     writes = [per_event_us(record, write, 403, args.events) for _ in range(args.rounds)]
     version = getattr(decisionlog, "SCHEMA_VERSION", 0)
     print(f"schema {version} read {statistics.median(reads):.2f} (min {min(reads):.2f}) write {statistics.median(writes):.2f} "
-          f"(min {min(writes):.2f}) µs per event")
+          f"(min {min(writes):.2f}) µs per event" + (" (shipped)" if shipper else ""))
+    if shipper is not None:
+        shipper.close(30)
+        print(shipper.stats())
 
 
 if __name__ == "__main__":

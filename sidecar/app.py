@@ -29,7 +29,7 @@ from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
-from sidecar import decisionlog
+from sidecar import decisionlog, logship
 from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
@@ -39,6 +39,7 @@ from sidecar.ledger import Ledger, ledger_from_settings, offloop
 from sidecar.ledger.cache import CachingLedger
 from sidecar.ledger.postgres import PostgresLedger
 from sidecar.ledger.sqlite import SQLiteLedger
+from sidecar.logship import Shipper
 from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
 from sidecar.pipeline import Pipeline
@@ -104,6 +105,7 @@ class Services:
         self.pipeline.identity = self.identity
         self.draining = False  # set on SIGTERM (`sidecar.drain`): readiness fails, requests are still served
         self.loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, while the app runs
+        self.shipper: Shipper | None = None  # the decision log's HTTP sink (`create_app`), None unless configured
 
     def readiness_report(self, timeout_s: float = 30.0) -> tuple[bool, dict[str, object]]:
         """`readiness` from another thread (the metrics listener's): run on the serving event loop, waited
@@ -139,6 +141,8 @@ async def readiness(services: Services) -> tuple[bool, dict[str, object]]:
     body: dict[str, object] = {"ready": ready, "checks": checks, "draining": services.draining,
                                "policy": services.policy.status(), "mode": services.policy.mode,
                                "decision_log": services.settings.decision_log}
+    if services.shipper is not None:
+        body["decision_log_shipping"] = {"url": services.shipper.safe_url, **services.shipper.stats()}
     if services.policy.shadow_mode == "reads":
         body["warning"] = ("SHADOW MODE (reads): Cedar denials of read, list and search are logged but NOT enforced; "
                            "writes, updates and deletes are")
@@ -168,17 +172,28 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
                ledger: Ledger | None = None) -> FastAPI:
     """Build the sidecar app. Raises `PolicyRefused` (a `PolicyLoadError`) if the policy set does not pass the gate."""
     settings = settings or Settings()
-    decisionlog.configure(settings.log_level, settings.decision_log_sink, settings.decision_log_path,
-                          settings.decision_log_max_bytes, settings.decision_log_backups,
-                          tuple(f.strip() for f in settings.decision_log_mask.split(",") if f.strip()),
-                          decision_log=settings.decision_log == "on")
+    # The HTTP sink of the decision log (`sidecar.logship`), beside stdout or the file: fed by the decision writer,
+    # shipped by its own thread from the lifespan's start to its end (a final flush with a deadline).
+    shipper = logship.from_settings(settings)
+    if not decisionlog.configure(settings.log_level, settings.decision_log_sink, settings.decision_log_path,
+                                 settings.decision_log_max_bytes, settings.decision_log_backups,
+                                 tuple(f.strip() for f in settings.decision_log_mask.split(",") if f.strip()),
+                                 decision_log=settings.decision_log == "on",
+                                 ship=shipper.enqueue if shipper is not None else None) and shipper is not None:
+        shipper.close(0)  # the decision log was configured by an earlier app of this process: nothing would reach it
+        shipper = None
     if settings.decision_log == "off":
         decisionlog.structlog.get_logger("memwarden").error(
             "decision_log_off", message="MEMWARDEN_DECISION_LOG=off: no decision events are written (no audit trail)")
     services = Services(settings, transport, ledger)
+    services.shipper = shipper
+    if shipper is not None:
+        services.metrics.watch_decision_log(shipper.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if shipper is not None:
+            shipper.start()
         try:
             await services.profile.reconcile()
         except Exception:  # backend down at start: tombstones stay pending, rows stay hidden
@@ -201,6 +216,8 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
             task.cancel()
         await services.upstream.close()
         await offloop.aclose(services.ledger)
+        if shipper is not None:  # after the last request: its decision event is in the buffer
+            await asyncio.to_thread(shipper.close)
 
     app = MemwardenApp(title="memwarden", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.services = services

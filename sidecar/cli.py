@@ -112,6 +112,9 @@ def banner(settings: Settings, host: str, port: int, services: Any, metrics_on: 
         "  metrics   " + (f"http://{settings.metrics_host}:{settings.metrics_port}/metrics" if metrics_on else "off"),
         f"  mode      {mode}",
         "  decisions " + ((f"file {settings.decision_log_path}" if settings.decision_log_sink == "file" else "stdout")
+                          + (f"; shipped to {services.shipper.safe_url} ({settings.decision_log_format}, gzip, batches "
+                             f"of {settings.decision_log_batch_max} or every {settings.decision_log_flush_s:g} s, buffer "
+                             f"{settings.decision_log_buffer_max})" if getattr(services, "shipper", None) else "")
                           if settings.decision_log == "on" else "OFF (MEMWARDEN_DECISION_LOG=off: no audit trail)"),
     ]
 

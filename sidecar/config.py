@@ -247,6 +247,39 @@ class Settings(BaseSettings):
     decision_log_backups: int = Field(default=5, ge=0, description="file sink: rotated files kept")
     decision_log_mask: str = Field(
         default="", description="comma-separated log fields whose values are replaced by a keyed hash (e.g. principal,row_ids)")
+    # -- decision-log shipping to an HTTP collector (sidecar/logship.py), besides the sink above --------
+    decision_log_url: HttpUrl | None = Field(
+        default=None, description="also POST decision events to this http(s) collector: batched, gzip-compressed, "
+        "retried with backoff, from a bounded buffer (docs/decision-log.md 'Shipping to a collector'); unset = no shipping")
+    decision_log_format: Literal["ndjson", "json"] = Field(
+        default="ndjson", description="shipped body: ndjson (one event per line, application/x-ndjson) or json (one "
+        "array, application/json, as OPA ships); gzip-compressed either way")
+    decision_log_instance: str = Field(
+        default="", max_length=256, description="the 'instance' field of every shipped event; '' = the host name (a pod's name)")
+    decision_log_batch_max: int = Field(default=100, ge=1, description="shipping: events per POST at most")
+    decision_log_flush_s: float = Field(
+        default=5.0, gt=0, description="shipping: a partial batch is sent this many seconds after the previous flush")
+    decision_log_buffer_max: int = Field(
+        default=10_000, ge=1, description="shipping: events waiting at most (besides the batch being sent); a new "
+        "event at a full buffer drops the oldest (counted: memwarden_decision_log_dropped_total{reason=\"buffer_full\"})")
+    decision_log_timeout_s: float = Field(default=10.0, gt=0, description="shipping: timeout of one POST, seconds")
+    decision_log_retry_base_s: float = Field(
+        default=0.5, gt=0, description="shipping: first backoff step after a failed POST, seconds (doubling, jittered)")
+    decision_log_retry_max_s: float = Field(default=30.0, gt=0, description="shipping: longest backoff, seconds")
+    decision_log_shutdown_s: float = Field(
+        default=5.0, ge=0, description="shipping: at shutdown, seconds to send what is buffered; the rest is counted dropped")
+    decision_log_headers: dict[str, str] = Field(
+        default_factory=dict, description="shipping: JSON object (or TOML table) of extra request headers, e.g. "
+        "{\"X-Scope-OrgID\": \"acme\"}; not Content-*/Host; put credentials in decision_log_token_file instead")
+    decision_log_token_file: Path | None = Field(
+        default=None, description="shipping: file holding a bearer token, sent as Authorization: Bearer; re-read when "
+        "it changes (a rotated, mounted token)")
+    decision_log_ca_bundle: Path | None = Field(
+        default=None, description="https collector: PEM CA bundle trusted for its certificate; unset: the system's trust store")
+    decision_log_client_cert: Path | None = Field(
+        default=None, description="https collector: PEM client certificate presented to it (mutual TLS), with its key "
+        "unless decision_log_client_key names the key's file")
+    decision_log_client_key: Path | None = Field(default=None, description="https collector: PEM key of decision_log_client_cert")
 
     @classmethod
     def settings_customise_sources(
@@ -407,6 +440,52 @@ class Settings(BaseSettings):
                              + (f"; missing: {', '.join(missing)}" if missing else ""))
         if any(not c or any(not part for part in c.split(".")) for c in self.jwt_claims.values()):
             raise ValueError("MEMWARDEN_JWT_CLAIMS: a claim name is non-empty (a.b for a nested claim)")
+        return self
+
+    @model_validator(mode="after")
+    def _decision_log_shipping(self) -> "Settings":
+        """Shipping settings that can ship: the other decision_log_* shipping options only with a URL, a batch that
+        fits the buffer, TLS files only for an https collector and readable, a token file that is there, no header
+        the shipper sets itself (`sidecar.logship.Shipper`)."""
+        from sidecar.logship import RESERVED_HEADERS
+
+        optional = ("decision_log_headers", "decision_log_token_file", "decision_log_ca_bundle",
+                    "decision_log_client_cert", "decision_log_client_key")
+        if self.decision_log_url is None:
+            named = [n for n in optional if getattr(self, n)]
+            if named:
+                raise ValueError(f"{env_name(named[0])} needs MEMWARDEN_DECISION_LOG_URL (the collector to ship to)")
+            return self
+        if self.decision_log_batch_max > self.decision_log_buffer_max:
+            raise ValueError(f"MEMWARDEN_DECISION_LOG_BATCH_MAX ({self.decision_log_batch_max}) must not exceed "
+                             f"MEMWARDEN_DECISION_LOG_BUFFER_MAX ({self.decision_log_buffer_max})")
+        if self.decision_log_retry_max_s < self.decision_log_retry_base_s:
+            raise ValueError("MEMWARDEN_DECISION_LOG_RETRY_MAX_S must be at least MEMWARDEN_DECISION_LOG_RETRY_BASE_S")
+        reserved = sorted(h for h in self.decision_log_headers if h.lower() in RESERVED_HEADERS)
+        if reserved:
+            raise ValueError(f"MEMWARDEN_DECISION_LOG_HEADERS: {', '.join(reserved)} is set by the shipper")
+        if any(h.lower() == "authorization" for h in self.decision_log_headers) and self.decision_log_token_file:
+            raise ValueError("MEMWARDEN_DECISION_LOG_HEADERS names Authorization and MEMWARDEN_DECISION_LOG_TOKEN_FILE "
+                             "is set: use one")
+        tls = [n for n in ("decision_log_ca_bundle", "decision_log_client_cert", "decision_log_client_key")
+               if getattr(self, n) is not None]
+        if tls and self.decision_log_url.scheme != "https":
+            raise ValueError(f"{env_name(tls[0])} is for an https:// collector, but MEMWARDEN_DECISION_LOG_URL is "
+                             f"{self.decision_log_url.scheme}://")
+        if self.decision_log_client_key is not None and self.decision_log_client_cert is None:
+            raise ValueError("MEMWARDEN_DECISION_LOG_CLIENT_KEY needs MEMWARDEN_DECISION_LOG_CLIENT_CERT")
+        for name in (*tls, "decision_log_token_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{env_name(name)}={path}: no such file")
+        if tls:
+            from sidecar.stages.http1 import client_tls_context
+
+            try:
+                client_tls_context(self.decision_log_ca_bundle, self.decision_log_client_cert, self.decision_log_client_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"{env_name(tls[0])}: not PEM certificates (and key) ({getattr(exc, 'reason', None) or exc})"
+                                 ) from None
         return self
 
     @model_validator(mode="after")

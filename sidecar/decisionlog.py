@@ -187,18 +187,20 @@ def _fused(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None] | No
 
 def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = None,
               max_bytes: int = 100 * 1024 * 1024, backups: int = 5, mask: tuple[str, ...] = (),
-              decision_log: bool = True) -> None:
+              decision_log: bool = True, ship: Callable[[str], None] | None = None) -> bool:
     """Configure structlog once per process: JSON lines to `sink` (see `sidecar.logsinks`), `mask`ed fields;
     the process log filtered at `level` (DEBUG, INFO, WARNING, ERROR or CRITICAL, any case; ValueError for
     another). Decision events are written through the same processors to the same sink by `writer` whatever
-    `level` is — the decision log is the audit trail — and not at all when `decision_log` is False."""
+    `level` is — the decision log is the audit trail — and not at all when `decision_log` is False. `ship`: also
+    handed each decision event's line after the sink wrote it (`sidecar.logship.Shipper.enqueue`, through
+    `sidecar.logship.Tee`). Returns whether this call configured (False: an earlier call did; nothing changed)."""
     global _configured, _write, _record, _record_of, _off
     levels = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
               "CRITICAL": logging.CRITICAL}
     if level.upper() not in levels:
         raise ValueError(f"unknown log level {level!r}: one of {', '.join(levels)}")
     if _configured:
-        return
+        return False
     min_level = levels[level.upper()]
     chain = processors(mask)
     factory = logsinks.logger_factory(sink, path, max_bytes, backups)
@@ -213,11 +215,16 @@ def configure(level: str = "INFO", sink: str = "stdout", path: Path | None = Non
     # below `min_level`); every other event goes through structlog.
     if decision_log:
         sink_logger = factory("memwarden.decision")
+        if ship is not None:
+            from sidecar.logship import Tee
+
+            sink_logger = Tee(sink_logger, ship)
         _write = writer(chain, sink_logger)
         _record, _record_of = recorder(chain, sink_logger, _write), _write
     else:
         _off = True
         _write = lambda fields: None  # noqa: E731
+    return True
 
 
 def _where(ex: Exchange) -> tuple[Any, Any]:

@@ -28,6 +28,8 @@ Series (all prefixed ``memwarden_``; durations in seconds):
   ``policy_last_reload_success`` (1/0), ``policy_set_info{sha256}``
 - ``shadow_mode`` (0 enforce, 1 shadow mode ``reads``, 2 shadow mode ``all``), ``shadow_would_deny_total{action}``
 - ``ready`` — 1 when the last readyz answered 200
+- ``decision_log_shipped_total``, ``decision_log_dropped_total{reason}``, ``decision_log_send_errors_total{kind}``,
+  ``decision_log_buffered`` — the decision log's HTTP sink, when configured (`watch_decision_log`)
 
 Foreign exceptions are not swallowed by the wrappers: they are counted and re-raised, so the
 pipeline's outer guard still denies (fail closed).
@@ -48,7 +50,9 @@ from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE_LATEST", "InstrumentedLedger", "Metrics", "instrument_upstream"]
 
@@ -249,9 +253,47 @@ class Metrics:
         for state, key in (("size", "pool_size"), ("available", "pool_available"), ("waiting", "requests_waiting")):
             self.ledger_pool.labels(state).set_function(reader(key))
 
+    def watch_decision_log(self, source: Callable[[], dict[str, Any]]) -> None:
+        """Export the decision log's HTTP sink counts (`sidecar.logship.Shipper.stats`), read from `source` at every
+        scrape: ``memwarden_decision_log_shipped_total`` (events the collector took),
+        ``memwarden_decision_log_dropped_total{reason}`` (``buffer_full``: pushed out of the full buffer, oldest
+        first; ``rejected``: refused by the collector for their content; ``shutdown``: unsent at the shutdown
+        deadline), ``memwarden_decision_log_send_errors_total{kind}`` (failed POSTs: ``connect``, ``timeout``,
+        ``4xx``, ``5xx``, ``token_file``, ``other``) and ``memwarden_decision_log_buffered`` (events waiting)."""
+        self.registry.register(_DecisionLogCollector(source))
+
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""
         return generate_latest(self.registry)
+
+
+class _DecisionLogCollector(Collector):
+    """The series of `Metrics.watch_decision_log`, from its source's counts at scrape time (none when it fails)."""
+
+    def __init__(self, source: Callable[[], dict[str, Any]]) -> None:
+        self._source = source
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no describe-time collection: the source is read at scrape time only
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            stats = self._source()
+        except Exception:  # noqa: BLE001 - a scrape never fails for it
+            return
+        shipped = CounterMetricFamily("memwarden_decision_log_shipped", "Decision events the HTTP collector took")
+        shipped.add_metric([], stats["shipped"])
+        dropped = CounterMetricFamily("memwarden_decision_log_dropped", "Decision events dropped by the HTTP sink, by "
+                                      "reason (buffer_full, rejected, shutdown)", labels=["reason"])
+        for reason, n in stats["dropped"].items():
+            dropped.add_metric([reason], n)
+        errors = CounterMetricFamily("memwarden_decision_log_send_errors", "Failed POSTs of decision-event batches, "
+                                     "by kind", labels=["kind"])
+        for kind, n in stats["send_errors"].items():
+            errors.add_metric([kind], n)
+        buffered = GaugeMetricFamily("memwarden_decision_log_buffered", "Decision events waiting to be shipped")
+        buffered.add_metric([], stats["buffered"])
+        yield from (shipped, dropped, errors, buffered)
 
 
 def _histogram_values(histogram: Any) -> tuple[Any, tuple[Any, ...], tuple[float, ...]] | None:

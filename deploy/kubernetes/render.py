@@ -23,10 +23,34 @@ every namespace; ``app.kubernetes.io/name: prometheus``, the label of the Promet
 prometheus Helm chart's server pods). Change both to your Prometheus's. The API port stays open to every
 client (restrict it with a policy of your own).
 
+TLS: the API port serves HTTPS with the certificate and key of the Secret ``TLS_SECRET`` (type
+``kubernetes.io/tls``: ``tls.crt``, ``tls.key``), mounted read-only at ``/etc/memwarden/tls`` and named by
+``MEMWARDEN_TLS_CERT``/``MEMWARDEN_TLS_KEY``. It is not rendered here (a private key does not belong in a
+manifest): create it before the pod can start, with cert-manager (a ``Certificate`` whose ``secretName`` is
+``memwarden-tls``) or ``kubectl create secret tls memwarden-tls --cert=server.crt --key=server.key``. A renewed
+certificate is picked up without a restart (``MEMWARDEN_TLS_RELOAD_INTERVAL_S``: the Secret volume's update swaps
+the files). The probes use HTTPS (the kubelet does not verify the certificate). For mutual TLS add
+``MEMWARDEN_TLS_CLIENT_CA`` (e.g. the Secret's ``ca.crt``) and see README "TLS and identity" (the probes then need
+``MEMWARDEN_TLS_CLIENT_AUTH=optional``).
+
+Identity and the decision log's collector come from an optional ConfigMap, ``CONFIG``: each key below, when
+present, sets its variable, and a missing key (or a missing ConfigMap) leaves the setting off — bearer JWTs off,
+no shipping — so the manifest applies as it is:
+
+    kubectl create configmap memwarden-config \
+      --from-literal=jwt-issuer=https://issuer.example.com/ --from-literal=jwt-audience=memwarden \
+      --from-literal=jwt-jwks-url=https://issuer.example.com/.well-known/jwks.json \
+      --from-literal=jwt-claims='{"tenant": "org", "fleet": "team", "agent": "sub"}' \
+      --from-literal=decision-log-url=https://collector.example.com/v1/decisions
+
+(``CONFIG_KEYS``: key -> variable.) Every shipped decision event names its pod (``MEMWARDEN_DECISION_LOG_INSTANCE``
+from the pod's name); at shutdown the buffered events get ``DECISION_LOG_SHUTDOWN_S`` seconds to reach the collector.
+
 Stopping: ``preStop`` sleeps ``PRESTOP_SLEEP_S`` (endpoint removal reaches kube-proxy and ingress controllers
 meanwhile; the ``sleep`` action, Kubernetes >= 1.30), then SIGTERM: memwarden answers readyz 503 and keeps
 serving for ``MEMWARDEN_SHUTDOWN_DRAIN_S``, then stops listening and gives requests in flight up to
-``MEMWARDEN_SHUTDOWN_TIMEOUT_S`` (sidecar/drain.py); ``terminationGracePeriodSeconds`` covers the three. Needs
+``MEMWARDEN_SHUTDOWN_TIMEOUT_S`` (sidecar/drain.py), then sends the buffered decision events for up to
+``MEMWARDEN_DECISION_LOG_SHUTDOWN_S``; ``terminationGracePeriodSeconds`` covers the four. Needs
 PyYAML.
 """
 
@@ -48,6 +72,20 @@ MONITORING_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 PRESTOP_SLEEP_S = 5
 SHUTDOWN_DRAIN_S = 5
 SHUTDOWN_TIMEOUT_S = 30
+DECISION_LOG_SHUTDOWN_S = 5
+TLS_SECRET = f"{NAME}-tls"  # kubernetes.io/tls, created apart (cert-manager or kubectl): never rendered
+TLS_DIR = "/etc/memwarden/tls"
+CONFIG = f"{NAME}-config"  # optional ConfigMap: identity (JWT/OIDC) and the decision-log collector
+# Key of the optional ConfigMap -> the setting it sets (absent: the setting's default, i.e. off).
+CONFIG_KEYS = {
+    "jwt-issuer": "MEMWARDEN_JWT_ISSUER",
+    "jwt-audience": "MEMWARDEN_JWT_AUDIENCE",
+    "jwt-jwks-url": "MEMWARDEN_JWT_JWKS_URL",
+    "jwt-claims": "MEMWARDEN_JWT_CLAIMS",
+    "jwt-algorithms": "MEMWARDEN_JWT_ALGORITHMS",
+    "decision-log-url": "MEMWARDEN_DECISION_LOG_URL",
+    "decision-log-format": "MEMWARDEN_DECISION_LOG_FORMAT",
+}
 
 
 def policy_files(root: Path) -> dict[str, str]:
@@ -65,7 +103,8 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
     pinned = {p.name: p.name for p in sorted(invariants.glob("*.cedar"))}
 
     def probe(path: str, period: int) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 3}
+        return {"httpGet": {"path": path, "port": "http", "scheme": "HTTPS"}, "periodSeconds": period, "timeoutSeconds": 3,
+                "failureThreshold": 3}
 
     memwarden_env: list[dict[str, Any]] = [
         {"name": "MEMWARDEN_BACKEND", "value": "chroma"},
@@ -86,11 +125,21 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
         # SIGTERM: readyz 503 and still serving for the drain, then in-flight requests get the timeout.
         {"name": "MEMWARDEN_SHUTDOWN_DRAIN_S", "value": str(SHUTDOWN_DRAIN_S)},
         {"name": "MEMWARDEN_SHUTDOWN_TIMEOUT_S", "value": str(SHUTDOWN_TIMEOUT_S)},
+        # HTTPS on the API port: the certificate and key of the TLS Secret, mounted read-only (reloaded when renewed).
+        {"name": "MEMWARDEN_TLS_CERT", "value": f"{TLS_DIR}/tls.crt"},
+        {"name": "MEMWARDEN_TLS_KEY", "value": f"{TLS_DIR}/tls.key"},
+        # Bearer JWTs (OIDC) and the decision log's HTTP collector: set by the optional ConfigMap's keys, else off.
+        *({"name": var, "valueFrom": {"configMapKeyRef": {"name": CONFIG, "key": key, "optional": True}}}
+          for key, var in CONFIG_KEYS.items()),
+        # Each shipped decision event names its pod; at shutdown the buffered events get this long to ship.
+        {"name": "MEMWARDEN_DECISION_LOG_INSTANCE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "MEMWARDEN_DECISION_LOG_SHUTDOWN_S", "value": str(DECISION_LOG_SHUTDOWN_S)},
     ]
     restricted = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "allowPrivilegeEscalation": False,
                   "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
     policies_mount = {"name": "policies", "mountPath": "/etc/memwarden/policies", "readOnly": True}
     invariants_mount = {"name": "invariants", "mountPath": "/etc/memwarden/invariants", "readOnly": True}
+    tls_mount = {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "labels": LABELS},
          "automountServiceAccountToken": False},
@@ -119,7 +168,8 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                      "prometheus.io/scrape": "true", "prometheus.io/port": "9464", "prometheus.io/path": "/metrics"}},
                  "spec": {
                      "serviceAccountName": NAME, "automountServiceAccountToken": False,
-                     "terminationGracePeriodSeconds": PRESTOP_SLEEP_S + SHUTDOWN_DRAIN_S + SHUTDOWN_TIMEOUT_S + 10,
+                     "terminationGracePeriodSeconds": PRESTOP_SLEEP_S + SHUTDOWN_DRAIN_S + SHUTDOWN_TIMEOUT_S
+                     + DECISION_LOG_SHUTDOWN_S + 10,
                      "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
                      "initContainers": [{
                          "name": "ledger-migrate", "image": IMAGE, "args": ["ledger", "migrate"],
@@ -140,7 +190,8 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                              "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
                                            "limits": {"memory": "768Mi"}},
                              "securityContext": restricted,
-                             "volumeMounts": [policies_mount, invariants_mount, {"name": "tmp", "mountPath": "/tmp"}],
+                             "volumeMounts": [policies_mount, invariants_mount, tls_mount,
+                                              {"name": "tmp", "mountPath": "/tmp"}],
                          },
                          {
                              "name": "chroma", "image": CHROMA_IMAGE,
@@ -160,6 +211,8 @@ def manifests(root: Path, invariants: Path) -> list[dict[str, Any]]:
                          {"name": "invariants", "configMap": {
                              "name": f"{NAME}-invariants",
                              "items": [{"key": key, "path": rel} for key, rel in pinned.items()]}},
+                         # The key is readable by the pod's group (fsGroup) only: memwarden runs as 10001:10001.
+                         {"name": "tls", "secret": {"secretName": TLS_SECRET, "defaultMode": 0o440}},
                          {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                      ],
                  },

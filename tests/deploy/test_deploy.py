@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from dotenv import dotenv_values
 
 from sidecar.config import Settings
 from sidecar.policy import PolicyEngine
@@ -26,6 +27,7 @@ K8S_VERSION = "1.37.0"
 sys.path.insert(0, str(DEPLOY / "kubernetes"))
 import render  # noqa: E402
 
+from tests.tls_certs import make_certs  # noqa: E402
 from tests.wheelutil import PACKAGED_POLICIES, build_wheel, policy_files  # noqa: E402
 
 
@@ -277,3 +279,82 @@ def test_kubernetes_pod_drains_before_it_stops() -> None:
     drain, timeout = float(env["MEMWARDEN_SHUTDOWN_DRAIN_S"]), float(env["MEMWARDEN_SHUTDOWN_TIMEOUT_S"])
     assert sleep > 0 and drain > 0 and timeout > 0
     assert pod["terminationGracePeriodSeconds"] > sleep + drain + timeout
+
+
+def test_compose_serves_tls_from_secrets_and_takes_identity_and_shipping_settings(tmp_path: Path) -> None:
+    """Issue 37: the compose service serves HTTPS with a certificate and key mounted read-only as compose secrets
+    (files under deploy/tls/, git-ignored), checks its health over HTTPS, and reads the JWT/OIDC and decision-log
+    shipping settings from an optional env file whose example holds only real settings that load together."""
+    compose = yaml.safe_load(interpolate((DEPLOY / "docker-compose.yml").read_text(), {"MW_PG_PASSWORD": "pw"}))
+    mw = compose["services"]["memwarden"]
+    env = mw["environment"]
+    assert set(mw["secrets"]) == {"memwarden-tls-cert", "memwarden-tls-key"}
+    assert env["MEMWARDEN_TLS_CERT"] == "/run/secrets/memwarden-tls-cert"  # where compose mounts a secret, read-only
+    assert env["MEMWARDEN_TLS_KEY"] == "/run/secrets/memwarden-tls-key"
+    files = {name: secret["file"] for name, secret in compose["secrets"].items()}
+    assert files == {"memwarden-tls-cert": "./tls/tls.crt", "memwarden-tls-key": "./tls/tls.key"}
+    ignored = (DEPLOY / ".gitignore").read_text().split()
+    assert "tls/" in ignored and "memwarden.env" in ignored  # keys and settings files stay out of git
+    check = " ".join(mw["healthcheck"]["test"])
+    assert "https://127.0.0.1:8080/_memwarden/readyz" in check and "http://" not in check
+    assert mw["env_file"] == [{"path": "./memwarden.env", "required": False}]
+    example = dotenv_values(DEPLOY / "memwarden.env.example")
+    assert {"MEMWARDEN_JWT_ISSUER", "MEMWARDEN_JWT_AUDIENCE", "MEMWARDEN_JWT_JWKS_URL", "MEMWARDEN_JWT_CLAIMS",
+            "MEMWARDEN_DECISION_LOG_URL"} <= set(example)
+    assert_real_settings(set(example) | settings_env(env))
+    # What the container would run with: the example's settings, the compose TLS variables pointing at a real pair.
+    certs = make_certs(tmp_path)
+    values: dict[str, Any] = {k.removeprefix("MEMWARDEN_").lower(): v for k, v in example.items()}
+    values["jwt_claims"] = json.loads(values["jwt_claims"])
+    s = Settings(**values, tls_cert=certs.server_cert, tls_key=certs.server_key,
+                 decision_log_instance=env["MEMWARDEN_DECISION_LOG_INSTANCE"])
+    assert s.jwt_issuer == example["MEMWARDEN_JWT_ISSUER"] and s.decision_log_url is not None
+
+
+def test_kubernetes_tls_secret_identity_and_decision_log_settings(tmp_path: Path) -> None:
+    """Issue 37: the pod serves HTTPS with the kubernetes.io/tls Secret's tls.crt/tls.key mounted read-only (key
+    readable by the pod's group only), probes over HTTPS, takes the JWT/OIDC settings and the decision-log URL from
+    optional ConfigMap keys (absent: off, so the manifest applies as it is), names itself in shipped events and
+    leaves the final flush its time before the kill."""
+    docs = {d["kind"]: d for d in _docs(render.render(ROOT / "policies"))}
+    pod = docs["StatefulSet"]["spec"]["template"]["spec"]
+    mw = next(c for c in pod["containers"] if c["name"] == "memwarden")
+    env = {e["name"]: e for e in mw["env"]}
+    volume = next(v for v in pod["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == render.TLS_SECRET == "memwarden-tls"
+    assert volume["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 10001
+    assert "memwarden-tls" not in {d["metadata"]["name"] for d in docs.values() if d["kind"] == "Secret"}  # never rendered
+    mount = next(m for m in mw["volumeMounts"] if m["name"] == "tls")
+    assert mount["readOnly"] is True
+    # the keys of a kubernetes.io/tls Secret, under the mount
+    assert env["MEMWARDEN_TLS_CERT"]["value"] == f"{mount['mountPath']}/tls.crt"
+    assert env["MEMWARDEN_TLS_KEY"]["value"] == f"{mount['mountPath']}/tls.key"
+    assert "MEMWARDEN_TLS_CLIENT_CA" not in env  # mTLS is opt-in: the kubelet's probes present no certificate
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert mw[probe]["httpGet"]["scheme"] == "HTTPS"
+    for key, var in render.CONFIG_KEYS.items():
+        assert env[var]["valueFrom"]["configMapKeyRef"] == {"name": render.CONFIG, "key": key, "optional": True}
+    assert {"MEMWARDEN_JWT_ISSUER", "MEMWARDEN_JWT_AUDIENCE", "MEMWARDEN_JWT_JWKS_URL", "MEMWARDEN_JWT_CLAIMS",
+            "MEMWARDEN_DECISION_LOG_URL"} <= set(render.CONFIG_KEYS.values())
+    assert render.CONFIG not in {d["metadata"]["name"] for d in _docs(render.render(ROOT / "policies"))}
+    assert env["MEMWARDEN_DECISION_LOG_INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert_real_settings(settings_env(mw["env"]))
+    # The settings load as the pod sees them: the literal values with a real certificate at the mounted names, and
+    # again with the ConfigMap of the render docstring's example.
+    certs = make_certs(tmp_path)
+    literal = {n.removeprefix("MEMWARDEN_").lower(): e["value"] for n, e in env.items() if "value" in e
+               and n not in ("MEMWARDEN_TLS_CERT", "MEMWARDEN_TLS_KEY", "MEMWARDEN_POLICIES_DIR", "MEMWARDEN_INVARIANTS_DIR")}
+    base = {**literal, "tls_cert": certs.server_cert, "tls_key": certs.server_key}
+    assert Settings(**base).decision_log_url is None and Settings(**base).jwt_issuer is None
+    example = dict(re.findall(r"--from-literal=([a-z-]+)=('[^']*'|\S+)", render.__doc__ or ""))
+    assert set(example) <= set(render.CONFIG_KEYS) and {"jwt-issuer", "decision-log-url"} <= set(example)
+    configured = {render.CONFIG_KEYS[k].removeprefix("MEMWARDEN_").lower(): v.strip("'") for k, v in example.items()}
+    configured["jwt_claims"] = json.loads(configured["jwt_claims"])
+    s = Settings(**base, **configured, decision_log_instance="memwarden-0")
+    assert s.jwt_audience == "memwarden" and str(s.decision_log_url).startswith("https://")
+    # SIGTERM: preStop, drain, requests in flight, then the decision log's final flush, all before the kill.
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace > sum(float(x) for x in (mw["lifecycle"]["preStop"]["sleep"]["seconds"],
+                                           env["MEMWARDEN_SHUTDOWN_DRAIN_S"]["value"],
+                                           env["MEMWARDEN_SHUTDOWN_TIMEOUT_S"]["value"],
+                                           env["MEMWARDEN_DECISION_LOG_SHUTDOWN_S"]["value"]))
