@@ -1,4 +1,4 @@
-"""``memwarden demo``: a scripted multi-agent scenario through the sidecar in front of a real Chroma.
+"""``memwarden-eval demo``: a scripted multi-agent scenario through the sidecar in front of a real Chroma.
 
 2 tenants × 2 fleets × 3 agents (mixed trust) plus one admin per tenant. Writers store memories at
 every scope with real all-MiniLM-L6-v2 embeddings through the official `chromadb.HttpClient`; every
@@ -20,7 +20,7 @@ from rich.table import Table
 
 from sidecar.config import default_policies_dir
 from sidecar.governance import Principal, Row, agent_entity, row_entities
-from sidecar.harness import Server, start_chroma, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.policy import CedarRequest, PolicyEngine
 
@@ -79,8 +79,8 @@ def run_demo(workdir: Path | None = None, console: Console | None = None, probe:
     chroma: Server | None = None
     sidecar: Server | None = None
     try:
-        console.print("[bold]memwarden demo[/bold] — loading all-MiniLM-L6-v2 (local, offline) ...")
-        from sidecar.embeddings import embed
+        console.print("[bold]memwarden-eval demo[/bold] — loading all-MiniLM-L6-v2 (local, offline) ...")
+        from memwarden_eval.embeddings import embed
 
         texts = [m[3] for m in MEMORIES]
         vectors = embed(texts)
@@ -163,19 +163,19 @@ def run_demo(workdir: Path | None = None, console: Console | None = None, probe:
 
 
 def _probe(chroma: Server, sidecar: Server, root: Path, console: Console) -> int:
-    """A small `memwarden probe` (all five experiments, small counts) on the same servers; prints the
+    """A small `memwarden-eval probe` (all five experiments, small counts) on the same servers; prints the
     side-by-side table. Fails the demo if the sidecar leaks or misses on any path of any experiment:
     leakage, propagation and forgetting against the reference predicate, contradiction (a stale read of
     a superseded fact, or the newest fact missing) and provenance (a lineage answer incomplete, at the
     wrong depth or with the wrong writer)."""
-    from sidecar.embeddings import embed
-    from sidecar.probe.experiments import EXPERIMENTS, Sizes
-    from sidecar.probe.metrics import summarize
-    from sidecar.probe.plan import Plan
-    from sidecar.probe.report import read_events
-    from sidecar.probe.runner import print_table, run_probe
+    from memwarden_eval.embeddings import embed
+    from memwarden_eval.probe.experiments import EXPERIMENTS, Sizes
+    from memwarden_eval.probe.metrics import summarize
+    from memwarden_eval.probe.plan import Plan
+    from memwarden_eval.probe.report import read_events
+    from memwarden_eval.probe.runner import print_table, run_probe
 
-    console.print("\n[bold]memwarden probe[/bold] (small): the same experiments against Chroma directly and through memwarden")
+    console.print("\n[bold]memwarden-eval probe[/bold] (small): the same experiments against Chroma directly and through memwarden")
     sizes = Sizes(propagation_facts=10, window_facts=3, contradiction_facts=10, chains=10, forget_rows=12, forget_deleted=4)
     run_dir = run_probe(Plan.build(7), list(EXPERIMENTS), chroma.url, sidecar.url, root / "ledger.db", root / "runs", embed, sizes, console)
     print_table(run_dir, console)

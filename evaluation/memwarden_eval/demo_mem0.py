@@ -1,6 +1,6 @@
-"""``memwarden demo --backend mem0``: the demo scenario of `sidecar.demo` through the Mem0 profile.
+"""``memwarden-eval demo --backend mem0``: the demo scenario of `memwarden_eval.demo` through the Mem0 profile.
 
-Starts our Mem0-REST-compatible server (tests/mem0_server: the real `mem0ai` `Memory`, infer=False,
+Starts our Mem0-REST-compatible server (memwarden_eval.mem0_server: the real `mem0ai` `Memory`, infer=False,
 Qdrant local mode, offline all-MiniLM-L6-v2) and the sidecar with ``MEMWARDEN_BACKEND=mem0``; every
 writer adds its memories over Mem0's REST API, the red writer deletes its private scratchpad, and
 every principal lists (``GET /memories``), searches (``POST /search`` with each memory's text) and
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from sidecar.demo import AGENTS, MEMORIES, POLICIES, TENANTS, Outcome, _expected, _principal, _print, _scenario_rows
-from sidecar.harness import Server, start_mem0, start_sidecar
+from memwarden_eval.demo import AGENTS, MEMORIES, POLICIES, TENANTS, Outcome, _expected, _principal, _print, _scenario_rows
+from memwarden_eval.harness import Server, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.policy import PolicyEngine
 
@@ -32,7 +32,7 @@ def run_mem0_demo(workdir: Path | None = None, console: Console | None = None) -
     sidecar: Server | None = None
     backend_key = "mem0-" + secrets.token_hex(16)
     try:
-        console.print("[bold]memwarden demo[/bold] (Mem0) — starting the Mem0 REST server on the real mem0ai Memory ...")
+        console.print("[bold]memwarden-eval demo[/bold] (Mem0) — starting the Mem0 REST server on the real mem0ai Memory ...")
         mem0 = start_mem0(root / "mem0", backend_key)
         console.print(f"Mem0 REST server on {mem0.url}")
         ledger = SQLiteLedger(root / "ledger.db")

@@ -162,7 +162,7 @@ def start_sidecar(backend_url: str, ledger_path: Path, policies_dir: Path, port:
 
 def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s: float = 120.0,
                history_db: str | None = None) -> Server:
-    """Our Mem0-REST-compatible test server (tests/mem0_server: the real `mem0ai` `Memory`, infer=False,
+    """Our Mem0-REST-compatible test server (memwarden_eval.mem0_server: the real `mem0ai` `Memory`, infer=False,
     Qdrant local mode, offline all-MiniLM-L6-v2) on 127.0.0.1, authenticated by `api_key` (X-API-Key);
     `history_db` is Mem0's ``history_db_path`` (default ``data_dir/history.db``; ``:memory:`` = not on disk)."""
     port = port or free_port()
@@ -172,8 +172,9 @@ def start_mem0(data_dir: Path, api_key: str, port: int | None = None, timeout_s:
     env = {**os.environ, "MEM0_TELEMETRY": "False", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "MEM0_ADMIN_API_KEY": api_key}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mem0_server.server", "--host", "127.0.0.1", "--port", str(port), "--data", str(data_dir)]
+        [sys.executable, "-m", "memwarden_eval.mem0_server", "--host", "127.0.0.1", "--port", str(port), "--data", str(data_dir)]
         + (["--history-db", history_db] if history_db else []),
+        # cwd: the directory holding memwarden_eval, so `-m` finds it in a checkout that did not install it
         stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]),
     )
     return _wait(Server("mem0", f"http://127.0.0.1:{port}", port, proc, log, data_dir=data_dir), "/api/health", timeout_s)

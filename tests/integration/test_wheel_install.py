@@ -22,7 +22,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port
+from memwarden_eval.harness import Server, free_port
 from tests.integration.conftest import admin_client, chroma_client, unit_vectors
 from tests.wheelutil import ROOT, build_wheel, policy_files
 

@@ -1,4 +1,4 @@
-"""The GateMem domain policy sets (sidecar/bench/gatemem/policies/<domain>) pass policy-check: the baseline
+"""The GateMem domain policy sets (evaluation/memwarden_eval/gatemem/policies/<domain>) pass policy-check: the baseline
 invariants, their domain invariant and their policy tests; weakening a domain rule is caught."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from invariants.cli import app
-from sidecar.bench.gatemem.data import DOMAINS
+from memwarden_eval.gatemem.data import DOMAINS
 from sidecar.policy import PolicyEngine
 
 POLICIES = Path(__file__).resolve().parents[2] / "sidecar" / "bench" / "gatemem" / "policies"

@@ -1,4 +1,4 @@
-"""GateMem (rzhub/GateMem) replayed through memwarden at the retrieval layer: ``memwarden bench gatemem``.
+"""GateMem (rzhub/GateMem) replayed through memwarden at the retrieval layer: ``memwarden-eval bench gatemem``.
 
 Modules: `data` (typed loader; hidden annotations kept apart from what ingest sees), `measures`
 (deterministic retrieval-layer measures with Wilson intervals), `rules` (what ingest knows of each domain:

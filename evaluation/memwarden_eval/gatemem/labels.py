@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sidecar.bench.gatemem import rules
-from sidecar.bench.gatemem.data import Episode, Turn
+from memwarden_eval.gatemem import rules
+from memwarden_eval.gatemem.data import Episode, Turn
 
 DELETION_WINDOW = 3
 REDACTED = "[deleted]"

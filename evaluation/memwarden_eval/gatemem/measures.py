@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
-from sidecar.bench.gatemem.data import Annotation
-from sidecar.probe.metrics import Rate, wilson
+from memwarden_eval.gatemem.data import Annotation
+from memwarden_eval.probe.metrics import Rate, wilson
 
 _REGEX_CHARS = set("\\[]()|?+*{}")
 _PLAIN = re.compile(r"[a-z0-9][a-z0-9\s_\-/.:]*[a-z0-9]", re.IGNORECASE)

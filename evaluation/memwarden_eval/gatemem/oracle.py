@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.bench.gatemem.data import Annotation, Probe
-from sidecar.bench.gatemem.measures import pattern_in, remove_pattern
+from memwarden_eval.gatemem.data import Annotation, Probe
+from memwarden_eval.gatemem.measures import pattern_in, remove_pattern
 
 REDACTED = "[deleted]"
 

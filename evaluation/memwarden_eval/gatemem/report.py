@@ -1,4 +1,4 @@
-"""The run directory of ``memwarden bench gatemem``: ``records.jsonl`` (every checkpoint × variant: rows and
+"""The run directory of ``memwarden-eval bench gatemem``: ``records.jsonl`` (every checkpoint × variant: rows and
 scores per k, causes for variant b), ``summary.json``, ``summary.md`` (tables), ``gatemem.png`` (per domain:
 U, A, F, MGS analogue of each variant with 95% Wilson intervals) and ``attack_types.png``.
 
@@ -15,10 +15,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from sidecar.bench.gatemem.client import Timings
-from sidecar.bench.gatemem.measures import Score, Summary, summarize
-from sidecar.bench.gatemem.runner import BACKENDS, VARIANTS, Config, DomainResult, Record, variant_names
-from sidecar.probe.metrics import Rate
+from memwarden_eval.gatemem.client import Timings
+from memwarden_eval.gatemem.measures import Score, Summary, summarize
+from memwarden_eval.gatemem.runner import BACKENDS, VARIANTS, Config, DomainResult, Record, variant_names
+from memwarden_eval.probe.metrics import Rate
 
 # GateMem's leaderboard (rzhub/GateMem docs/assets/leaderboard.json: 168 entries, the numbers of its README's main
 # results table; LLM answers judged by GPT-4o, percentages). Per domain: the best MGS, the lowest access-control

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sidecar.bench.gatemem.data import Episode, Principal
+from memwarden_eval.gatemem.data import Episode, Principal
 
 GENERAL = "general"  # the label of a turn no category pattern matches
 

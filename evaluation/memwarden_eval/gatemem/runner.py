@@ -19,10 +19,10 @@ After the turn a checkpoint's ``as_of_turn_id`` names, the checkpoint is asked i
 asker** (the asker's key; none for Chroma alone), top-max(k) by the asker's query embedding; smaller k are
 prefixes (a filtered top-k is a prefix of a filtered top-K, since the sidecar refills in rank order).
 
-Embeddings: all-MiniLM-L6-v2 (`sidecar.embeddings`), normalised, 384-d. One sidecar per domain (its policy
+Embeddings: all-MiniLM-L6-v2 (`memwarden_eval.embeddings`), normalised, 384-d. One sidecar per domain (its policy
 set), one Chroma for the run, both on 127.0.0.1.
 
-``backend="mem0"``: the same three variants over a Mem0 REST backend (our `tests/mem0_server`: the real
+``backend="mem0"``: the same three variants over a Mem0 REST backend (our `memwarden_eval.mem0_server`: the real
 `mem0ai` ``Memory``, Qdrant local, the same all-MiniLM-L6-v2, embedded by Mem0 itself) and a sidecar with
 ``MEMWARDEN_BACKEND=mem0``: (a) writes each turn straight to Mem0 (``agent_id`` the speaker) and searches it
 with Mem0's admin key; (b) and (c) write through the Mem0 profile as the speaker, re-scope with ``PUT
@@ -44,13 +44,13 @@ from typing import Any, Callable
 
 import httpx
 
-from sidecar.bench.gatemem import labels as labelling
-from sidecar.bench.gatemem import oracle, rules
-from sidecar.bench.gatemem.client import Collection, Mem0Store, Timings, create_collection
-from sidecar.bench.gatemem.data import Annotation, Annotations, DomainData, Episode, Probe, load_domain
-from sidecar.bench.gatemem.measures import Score, pattern_in, score
+from memwarden_eval.gatemem import labels as labelling
+from memwarden_eval.gatemem import oracle, rules
+from memwarden_eval.gatemem.client import Collection, Mem0Store, Timings, create_collection
+from memwarden_eval.gatemem.data import Annotation, Annotations, DomainData, Episode, Probe, load_domain
+from memwarden_eval.gatemem.measures import Score, pattern_in, score
 from sidecar.governance import Row, agent_entity, agent_id, fleet_entity
-from sidecar.harness import Server, start_chroma, start_mem0, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.policy import CedarRequest, PolicyEngine
 
@@ -81,7 +81,7 @@ class Config:
     cause_k: int = 10
     episodes: int | None = None
     backend: str = "chroma"
-    # backend="mem0": a running Mem0 REST backend and its X-API-Key; None: the run starts tests/mem0_server
+    # backend="mem0": a running Mem0 REST backend and its X-API-Key; None: the run starts memwarden_eval.mem0_server
     mem0_url: str | None = None
     mem0_key: str | None = None
     # backend="mem0": every memory of the run carries run_id "<variant tenant>-<run_tag>" (None: a random tag)
@@ -121,7 +121,7 @@ def _no_embed(texts: list[str]) -> list[Any]:
 
 
 def _embed(texts: list[str]) -> list[list[float]]:
-    from sidecar.embeddings import embed
+    from memwarden_eval.embeddings import embed
 
     with _EMBED_LOCK:
         return embed(texts)
@@ -442,7 +442,7 @@ def run_domain(cfg: Config, data: DomainData, chroma: Server | str, work: Path, 
 def run(cfg: Config, progress: Callable[[str], None] = lambda s: None,
         on_domain: Callable[[list[DomainResult], Timings, float], None] | None = None) -> tuple[list[DomainResult], Timings, float]:
     """The whole benchmark: one backend for the run (a Chroma it starts; for ``backend="mem0"`` the Mem0 REST
-    backend at `cfg.mem0_url`, or else one it starts, tests/mem0_server), the domains one after another
+    backend at `cfg.mem0_url`, or else one it starts, memwarden_eval.mem0_server), the domains one after another
     (`on_domain` is called with the results so far after each). Returns the domain results, the request
     timings and the wall time in s. Raises ValueError for an unknown backend."""
     if cfg.backend not in BACKENDS:

@@ -1,7 +1,7 @@
 """The five governance experiments. Each takes a `Plan`, a target and the embedder, and emits events.
 
 Expectations come from the reference predicate (`plan.expected_read`), not from the target, so the
-same probes measure a bare backend and the sidecar alike, on every backend (`sidecar.probe.targets`).
+same probes measure a bare backend and the sidecar alike, on every backend (`memwarden_eval.probe.targets`).
 A path the target lacks (history on Chroma, lineage on a bare backend, count on Mem0) is reported as
 a ``not_supported`` event, never as a failure.
 """
@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sidecar.probe.plan import Agent, Plan, expected_read
-from sidecar.probe.targets import Result, Target
+from memwarden_eval.probe.plan import Agent, Plan, expected_read
+from memwarden_eval.probe.targets import Result, Target
 
 Embed = Callable[[list[str]], list[list[float]]]
 EXPERIMENTS = ("leakage", "provenance", "propagation", "contradiction", "forgetting")
@@ -42,7 +42,7 @@ class Sizes:
 
 
 class Events:
-    """Collects events (see `sidecar.probe.metrics`) and reports progress."""
+    """Collects events (see `memwarden_eval.probe.metrics`) and reports progress."""
 
     def __init__(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.items: list[dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """Run directory output: events.jsonl, summary.csv, summary.md and PNG plots (matplotlib).
 
 `write_report(dir)` reads only ``events.jsonl`` (and ``meta.json`` for the header), so
-``memwarden probe report DIR`` recomputes every summary from the raw events.
+``memwarden-eval probe report DIR`` recomputes every summary from the raw events.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sidecar.probe.metrics import LatencySummary, PathSummary, summarize
+from memwarden_eval.probe.metrics import LatencySummary, PathSummary, summarize
 
 RATE_LABEL = {
     "contradiction": ("stale-read rate", "newest-missing rate"),
@@ -67,7 +67,7 @@ def write_report(run_dir: Path) -> str:
         for u in unsupported:
             w.writerow(["not_supported", u["experiment"], u["path"], u["target"], "", "", "", "", "", "", "", ""])
     backend = meta.get("backend", "chroma")
-    md = [f"# memwarden probe — {meta.get('run', run_dir.name)}", ""]
+    md = [f"# memwarden-eval probe — {meta.get('run', run_dir.name)}", ""]
     if meta:
         md += [f"backend {backend} (direct = {backend} alone, sidecar = {backend} through memwarden), seed {meta.get('seed')}, "
                f"nonce {meta.get('nonce')}, plan {meta.get('plan')}, experiments {', '.join(meta.get('experiments', []))}", ""]

@@ -17,13 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sidecar.config import default_policies_dir
-from sidecar.harness import Server, start_chroma, start_mem0, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
-from sidecar.probe.experiments import EXPERIMENTS, RUNNERS, Embed, Events, Sizes
-from sidecar.probe.metrics import summarize
-from sidecar.probe.plan import Plan
-from sidecar.probe.report import write_report
-from sidecar.probe.targets import ChromaTarget, Mem0Target, Target
+from memwarden_eval.probe.experiments import EXPERIMENTS, RUNNERS, Embed, Events, Sizes
+from memwarden_eval.probe.metrics import summarize
+from memwarden_eval.probe.plan import Plan
+from memwarden_eval.probe.report import write_report
+from memwarden_eval.probe.targets import ChromaTarget, Mem0Target, Target
 
 POLICIES = default_policies_dir()  # the packaged default set (a checkout: its policies/)
 DATABASE = "probe_db"
@@ -145,11 +145,11 @@ def run_probe(plan: Plan, experiments: list[str], backend_url: str, sidecar_url:
 
 
 def print_table(run_dir: Path, console: Console) -> None:
-    from sidecar.probe.report import read_events, read_meta
+    from memwarden_eval.probe.report import read_events, read_meta
 
     paths, _, _ = summarize(read_events(run_dir))
     backend = BACKEND_LABEL.get(str(read_meta(run_dir).get("backend", "chroma")), "backend")
-    table = Table(title=f"memwarden probe: direct {backend} vs through memwarden ({run_dir.name}; 95% Wilson intervals in summary.md)")
+    table = Table(title=f"memwarden-eval probe: direct {backend} vs through memwarden ({run_dir.name}; 95% Wilson intervals in summary.md)")
     for col in ("experiment", "path", "leak direct", "leak sidecar", "miss direct", "miss sidecar"):
         table.add_column(col)
     keyed: dict[tuple[str, str], dict[str, Any]] = {}
@@ -184,7 +184,7 @@ def run_embedded(seed: int, experiments: list[str], out: Path, sizes: Sizes | No
         try:
             SQLiteLedger(root / "ledger.db").close()
             if backend == "chroma":
-                from sidecar.embeddings import embed
+                from memwarden_eval.embeddings import embed
 
                 server = start_chroma(root / "chroma")
                 side = start_sidecar(server.url, root / "ledger.db", POLICIES)

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from sidecar.probe.plan import Agent
+from memwarden_eval.probe.plan import Agent
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 LINEAGE = "/_memwarden/memories/{id}/lineage"
