@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "evaluation"))  # memwarden_eval of this checkout (the harness)
 
 from memwarden_eval.harness import start_chroma, start_mem0, start_sidecar  # noqa: E402
 

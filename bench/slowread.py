@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "evaluation"))  # memwarden_eval of this checkout (the harness)
 
 from memwarden_eval.harness import start_chroma, start_sidecar  # noqa: E402
 from sidecar.ledger import SQLiteLedger  # noqa: E402
