@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from invariants.cli import app
+from memwarden_eval import gatemem
 from memwarden_eval.gatemem.data import DOMAINS
 from sidecar.policy import PolicyEngine
 
-POLICIES = Path(__file__).resolve().parents[2] / "sidecar" / "bench" / "gatemem" / "policies"
+POLICIES = Path(gatemem.__file__).resolve().parent / "policies"
 DOMAIN_INVARIANT = {"medical": "medical-family-no-clinical", "office": "office-no-credentials-for-limited-roles",
                     "education": "education-parent-limited", "household": "household-no-credentials-for-helpers"}
 
