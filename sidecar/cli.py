@@ -503,15 +503,15 @@ def authz_check(
     raise typer.Exit(0 if all(r["decision"] == "allow" for r in answer["results"]) else 1)
 
 
-EVAL_INSTALL = "pip install -e ./evaluation (in a checkout of memwarden; `make demo` installs it)"
+EVAL_INSTALL = "pip install -e ./evaluation"  # in a checkout of memwarden, next to the product; `make demo` does it
 
 
 def _moved(name: str) -> None:
     """A command that moved to ``memwarden-eval``: one line saying where and how to install it (exit 2)."""
 
     def command(ctx: typer.Context) -> None:
-        err.print(f"memwarden {name}: moved to the evaluation package: run `memwarden-eval {name} ...` "
-                  f"(install it with: {EVAL_INSTALL})", markup=False)
+        err.print(f"memwarden {name}: moved to the evaluation package: run `memwarden-eval {name} ...`; "
+                  f"to install it, in a checkout of memwarden: {EVAL_INSTALL}", markup=False)
         raise typer.Exit(2)
 
     app.command(name, hidden=True, add_help_option=False,
