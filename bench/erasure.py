@@ -28,8 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "evaluation"))  # memwarden_eval of this checkout (the harness)
 
-from sidecar.harness import start_chroma, start_mem0, start_sidecar  # noqa: E402
+from memwarden_eval.harness import start_chroma, start_mem0, start_sidecar  # noqa: E402
 
 POLICIES = ROOT / "policies"
 MEM0_KEY = "erasure-bench-" + uuid.uuid4().hex[:8]

@@ -24,7 +24,8 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sidecar.harness import start_chroma, start_sidecar  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))  # this checkout's memwarden_eval
+from memwarden_eval.harness import start_chroma, start_sidecar  # noqa: E402
 from sidecar.ledger.postgres import PostgresLedger  # noqa: E402
 from tests.integration.conftest import admin_client, chroma_client, unit_vectors  # noqa: E402
 

@@ -54,7 +54,7 @@ import httpx
 import psycopg
 
 from sidecar.config import Settings
-from sidecar.harness import Server, _wait, free_port, start_chroma, start_sidecar
+from memwarden_eval.harness import Server, _wait, free_port, start_chroma, start_sidecar
 from sidecar.ledger import open_ledger
 
 HERE = Path(__file__).resolve().parent

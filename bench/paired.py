@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import overhead  # noqa: E402  (bench/overhead.py: Phase, seeding, bodies)
 
-from sidecar.harness import start_sidecar  # noqa: E402
+from memwarden_eval.harness import start_sidecar  # noqa: E402
 
 
 def wrk(url: str, bodies: Path, key: str, clients: int, seconds: int) -> tuple[int, float, float]:

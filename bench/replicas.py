@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from sidecar.harness import Server, start_chroma, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from sidecar.ledger.postgres import PostgresLedger
 

@@ -51,7 +51,7 @@ def setup(root: Path, rows: int, dim: int, pg: str | None = None) -> None:
 
     import httpx
 
-    from sidecar.harness import start_chroma, start_sidecar
+    from memwarden_eval.harness import start_chroma, start_sidecar
     from sidecar.ledger import open_ledger
 
     root.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ async def drive(root: Path, n: int, warm: int, breakdown: Path | None, op: str =
     from sidecar.app import create_app
     from sidecar.ledger import offloop
     from sidecar.config import Settings
-    from sidecar.harness import start_chroma
+    from memwarden_eval.harness import start_chroma
 
     state = json.loads((root / "state.json").read_text())
     chroma = start_chroma(root / "chroma")

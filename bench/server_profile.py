@@ -97,7 +97,7 @@ async def client(port: int, path: str, key: str, body_list: list[bytes], clients
 async def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from sidecar.harness import start_chroma
+    from memwarden_eval.harness import start_chroma
     from sidecar.server import ConnectionLimits, guarded_protocol
 
     root: Path = args.dir

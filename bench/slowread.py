@@ -32,8 +32,9 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "evaluation"))  # memwarden_eval of this checkout (the harness)
 
-from sidecar.harness import start_chroma, start_sidecar  # noqa: E402
+from memwarden_eval.harness import start_chroma, start_sidecar  # noqa: E402
 from sidecar.ledger import SQLiteLedger  # noqa: E402
 
 HEARTBEAT = b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: x\r\n\r\n"

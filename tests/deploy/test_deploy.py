@@ -28,7 +28,8 @@ sys.path.insert(0, str(DEPLOY / "kubernetes"))
 import render  # noqa: E402
 
 from tests.tls_certs import make_certs  # noqa: E402
-from tests.wheelutil import PACKAGED_POLICIES, build_wheel, policy_files  # noqa: E402
+from tests.wheelutil import (EVALUATION_REQUIREMENTS, PACKAGED_POLICIES, base_requirements, build_stage_sources,  # noqa: E402
+                             build_wheel, evaluation_leftovers, policy_files)
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -51,6 +52,15 @@ def settings_env(env: dict[str, Any] | list[dict[str, Any]]) -> set[str]:
 def assert_real_settings(names: set[str]) -> None:
     fields = {f"MEMWARDEN_{name.upper()}" for name in Settings.model_fields}
     assert names and names <= fields, names - fields
+
+
+def test_image_builds_the_product_alone() -> None:
+    """The build stage copies the product's sources and installs ``.`` only: not the evaluation package."""
+    sources = build_stage_sources()
+    assert {"pyproject.toml", "sidecar", "invariants", "policies"} <= set(sources)
+    assert not [s for s in sources if s.rstrip("/").split("/")[0] in ("evaluation", "tests", "bench")], sources
+    installs = [a for i, a in dockerfile() if i == "RUN" and "pip install" in a]
+    assert installs and not any("evaluation" in a or "[" in a for a in installs), installs
 
 
 def test_dockerfile_is_slim_non_root_with_healthcheck() -> None:
@@ -81,6 +91,15 @@ def test_entrypoint_is_the_installed_console_script(tmp_path: Path) -> None:
         entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "memwarden = sidecar.cli:app" in entry_points
     assert "sidecar/cli.py" in names and "sidecar/ledger/postgres.py" in names and "invariants/cli.py" in names
+    # The product only: no demo, probe, benchmark, harness or embeddings module, no evaluation command or requirement.
+    assert not evaluation_leftovers(names), evaluation_leftovers(names)
+    assert {n.split("/")[0] for n in names} == {"sidecar", "invariants", "memwarden-0.1.0.dist-info"}
+    assert "memwarden-eval" not in entry_points and "memwarden_eval" not in entry_points
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    required = base_requirements(metadata)
+    assert any(r.startswith("cedarpy") for r in required) and any(r.startswith("fastapi") for r in required)
+    assert not [r for r in required if r.lower().startswith(EVALUATION_REQUIREMENTS)], required
     # The baseline invariants are package data of the wheel, byte for byte.
     baseline = sorted((ROOT / "invariants" / "baseline").glob("*.cedar"))
     assert baseline

@@ -11,7 +11,7 @@ import chromadb
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_chroma, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_sidecar
 from sidecar.ledger import SQLiteLedger
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"

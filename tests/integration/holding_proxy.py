@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from sidecar.harness import free_port
+from memwarden_eval.harness import free_port
 
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive"}
 

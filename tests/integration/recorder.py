@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from sidecar.harness import free_port
+from memwarden_eval.harness import free_port
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import chromadb
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.logutil import decision, decisions, file_sink
 

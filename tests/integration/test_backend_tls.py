@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, unit_vectors
 from tests.tls_certs import Certs, make_certs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, Tenant, admin_client, unit_vectors
 
 pytestmark = pytest.mark.integration

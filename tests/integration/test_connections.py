@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES, Stack
 

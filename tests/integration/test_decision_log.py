@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port, start_sidecar
+from memwarden_eval.harness import Server, free_port, start_sidecar
 from sidecar.ledger import CollectionRecord, SQLiteLedger
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.logutil import decision, decisions, file_sink

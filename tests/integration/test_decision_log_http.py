@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.config import Settings
-from sidecar.harness import Server, free_port, start_sidecar
+from memwarden_eval.harness import Server, free_port, start_sidecar
 from sidecar.logship import from_settings
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.logutil import FIELDS, decisions, file_sink

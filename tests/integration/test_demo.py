@@ -1,4 +1,4 @@
-"""The README's main job (`make demo` → `memwarden demo`) runs end to end and finds no leak and no miss."""
+"""The README's main job (`make demo` → `memwarden-eval demo`) runs end to end and finds no leak and no miss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sidecar.demo import run_demo
+from memwarden_eval.demo import run_demo
 
 pytestmark = pytest.mark.integration
 

@@ -106,7 +106,7 @@ def test_serve_purges_on_a_schedule_after_deletes_only(tmp_path: Path) -> None:
     nothing else is deleted."""
     import time
 
-    from sidecar.harness import start_chroma, start_sidecar
+    from memwarden_eval.harness import start_chroma, start_sidecar
     from tests.integration.conftest import POLICIES
 
     chroma = start_chroma(tmp_path / "chroma")

@@ -1,6 +1,6 @@
-"""memwarden bench gatemem on the synthetic episode (tests/fixtures/gatemem), with real servers: `chroma run`
+"""memwarden-eval bench gatemem on the synthetic episode (tests/fixtures/gatemem), with real servers: `chroma run`
 and `memwarden serve` with the medical policy set, all-MiniLM-L6-v2 embeddings; and `--backend mem0`: the same
-episode over our Mem0 REST server (tests/mem0_server, the real mem0ai Memory; the mem0 tests' fixture) with a
+episode over our Mem0 REST server (evaluation/memwarden_eval/mem0_server.py, the real mem0ai Memory; the mem0 tests' fixture) with a
 sidecar in Mem0 mode."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.bench.gatemem import report
-from sidecar.bench.gatemem.runner import Config, DomainResult, Record, run
+from memwarden_eval.gatemem import report
+from memwarden_eval.gatemem.runner import Config, DomainResult, Record, run
 from tests.integration.mem0.conftest import MEM0_KEY
 
 pytestmark = pytest.mark.integration
@@ -104,7 +104,7 @@ def test_deletes_reached_chroma(result: tuple) -> None:
 
 def test_report(result: tuple) -> None:
     cfg, results, timings, wall = result
-    md = report.write(cfg, results, timings, wall, "memwarden bench gatemem --data tests/fixtures/gatemem")
+    md = report.write(cfg, results, timings, wall, "memwarden-eval bench gatemem --data tests/fixtures/gatemem")
     text = md.read_text()
     assert "| medical | (a) |" in text and "| medical | (c) |" in text and "family_overreach" in text
     summary = json.loads((cfg.out_dir / "summary.json").read_text())
@@ -118,7 +118,7 @@ def test_report(result: tuple) -> None:
     assert len(lines) == 30 and json.loads(lines[0])["scores"]["10"]["k"] == 10
 
 
-# ---- --backend mem0: the same episode over the Mem0 REST backend (tests/mem0_server, real mem0ai Memory) ----
+# ---- --backend mem0: the same episode over the Mem0 REST backend (evaluation/memwarden_eval/mem0_server.py, real mem0ai Memory) ----
 
 MEM0_TAG = "t16"
 
@@ -183,7 +183,7 @@ def test_mem0_deletes_and_rescopes_reached_mem0(mem0_result: tuple, mem0_server)
 
 def test_mem0_report(mem0_result: tuple) -> None:
     cfg, results, timings, wall = mem0_result
-    report.write(cfg, results, timings, wall, "memwarden bench gatemem --backend mem0 --data tests/fixtures/gatemem")
+    report.write(cfg, results, timings, wall, "memwarden-eval bench gatemem --backend mem0 --data tests/fixtures/gatemem")
     summary = json.loads((cfg.out_dir / "summary.json").read_text())
     assert summary["backend"] == "mem0" and summary["variants"]["a"] == "Mem0 alone (no memwarden)"
     k10 = summary["by_k"]["10"]

@@ -11,7 +11,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger.base import now_us
 from tests.integration.conftest import POLICIES, Stack
 

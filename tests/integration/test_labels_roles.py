@@ -18,7 +18,7 @@ import chromadb
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES, admin_client, chroma_client, unit_vectors
 from tests.integration.logutil import decision, file_sink

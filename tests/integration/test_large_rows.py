@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.mem0.conftest import Mem0Stack, World, sidecar_env
 

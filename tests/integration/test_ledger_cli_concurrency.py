@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES, admin_client, chroma_client
 

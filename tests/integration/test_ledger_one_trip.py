@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger.postgres import PostgresLedger
 from tests.integration.conftest import POLICIES, admin_client, chroma_client, unit_vectors
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)

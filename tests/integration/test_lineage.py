@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, Tenant, unit_vectors
 
 pytestmark = pytest.mark.integration

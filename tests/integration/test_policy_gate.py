@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port, start_sidecar
+from memwarden_eval.harness import Server, free_port, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, chroma_client
 
 pytestmark = pytest.mark.integration

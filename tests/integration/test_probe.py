@@ -12,14 +12,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sidecar.cli import app
-from sidecar.embeddings import embed
-from sidecar.harness import start_mem0, start_sidecar
-from sidecar.probe.experiments import EXPERIMENTS, Sizes
-from sidecar.probe.metrics import PathSummary, summarize
-from sidecar.probe.plan import Plan
-from sidecar.probe.report import read_events, read_meta
-from sidecar.probe.runner import no_embed, run_probe
+from memwarden_eval.cli import app
+from memwarden_eval.embeddings import embed
+from memwarden_eval.harness import start_mem0, start_sidecar
+from memwarden_eval.probe.experiments import EXPERIMENTS, Sizes
+from memwarden_eval.probe.metrics import PathSummary, summarize
+from memwarden_eval.probe.plan import Plan
+from memwarden_eval.probe.report import read_events, read_meta
+from memwarden_eval.probe.runner import no_embed, run_probe
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.mem0.conftest import MEM0_KEY, sidecar_env
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import start_chroma, start_sidecar
+from memwarden_eval.harness import start_chroma, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, Tenant, unit_vectors
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger.postgres import PostgresLedger
 from tests.integration.conftest import POLICIES, admin_client, chroma_client, unit_vectors
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from tests.integration.conftest import POLICIES, Stack
 from tests.integration.logutil import decision, file_sink
 

@@ -1,4 +1,4 @@
-"""`memwarden stack` (`make serve`) as real processes: a taken port stops it before anything starts or any
+"""`memwarden-eval stack` (`make serve`) as real processes: a taken port stops it before anything starts or any
 key is printed, and SIGTERM stops its Chroma and sidecar exactly as Ctrl-C (SIGINT) does."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from sidecar.harness import free_port
+from memwarden_eval.harness import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def _default_sigint() -> None:
 
 def _stack(workdir: Path, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWARDEN_")}
-    return subprocess.Popen([sys.executable, "-m", "sidecar.cli", "stack", "--workdir", str(workdir), *args],
+    return subprocess.Popen([sys.executable, "-m", "memwarden_eval.cli", "stack", "--workdir", str(workdir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=_default_sigint)
 

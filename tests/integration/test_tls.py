@@ -17,7 +17,7 @@ import chromadb
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port, start_sidecar
+from memwarden_eval.harness import Server, free_port, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES
 from tests.tlsutil import CA, Issued, client_context

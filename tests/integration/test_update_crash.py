@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import start_chroma, start_sidecar
+from memwarden_eval.harness import start_chroma, start_sidecar
 from tests.integration.conftest import POLICIES, Stack, unit_vectors
 from tests.integration.test_adopt import adopt
 

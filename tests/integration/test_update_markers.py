@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from sidecar.harness import start_sidecar
+from memwarden_eval.harness import start_sidecar
 from sidecar.provenance import content_digest
 from tests.integration.conftest import POLICIES, Stack, unit_vectors
 from tests.integration.holding_proxy import HoldingProxy

@@ -15,7 +15,7 @@ from typing import Iterator
 import chromadb
 import pytest
 
-from sidecar.harness import Server, start_chroma, start_sidecar
+from memwarden_eval.harness import Server, start_chroma, start_sidecar
 from tests.integration.conftest import chroma_client, unit_vectors
 
 pytestmark = pytest.mark.integration

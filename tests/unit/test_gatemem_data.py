@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.bench.gatemem import data
-from sidecar.bench.gatemem.data import Annotation, Episode, GateMemFormatError, Probe
+from memwarden_eval.gatemem import data
+from memwarden_eval.gatemem.data import Annotation, Episode, GateMemFormatError, Probe
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gatemem"
 HIDDEN = {"query_type", "attack_type", "expected_action", "judge_spec", "leak_targets", "include", "not_include"}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.bench.gatemem import data, labels, rules
-from sidecar.bench.gatemem.data import Episode
+from memwarden_eval.gatemem import data, labels, rules
+from memwarden_eval.gatemem.data import Episode
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gatemem"
 

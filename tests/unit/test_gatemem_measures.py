@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.bench.gatemem.data import Annotation
-from sidecar.bench.gatemem.measures import pattern_in, score, summarize
+from memwarden_eval.gatemem.data import Annotation
+from memwarden_eval.gatemem.measures import pattern_in, score, summarize
 
 
 @pytest.mark.parametrize("pattern, text, hit", [

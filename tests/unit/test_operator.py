@@ -418,7 +418,7 @@ def test_readyz_details_only_to_an_operator_key(ledger: SQLiteLedger, policies: 
 def test_metrics_listener_serves_readiness_details(ledger: SQLiteLedger) -> None:
     """The operator listener (`serve_metrics`): ``/_memwarden/readyz`` answers what it is given, as JSON with
     200 or 503; every other path the exposition text."""
-    from sidecar.harness import free_port
+    from memwarden_eval.harness import free_port
     from sidecar.metrics import Metrics, serve_metrics
 
     state: dict[str, Any] = {"ready": True}

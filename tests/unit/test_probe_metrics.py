@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from sidecar.probe.experiments import Events, Sizes, contradiction, forgetting, provenance
-from sidecar.probe.metrics import quantile, summarize, wilson
-from sidecar.probe.plan import Plan
-from sidecar.probe.runner import no_embed
-from sidecar.probe.targets import ChromaTarget, Mem0Target, Result
+from memwarden_eval.probe.experiments import Events, Sizes, contradiction, forgetting, provenance
+from memwarden_eval.probe.metrics import quantile, summarize, wilson
+from memwarden_eval.probe.plan import Plan
+from memwarden_eval.probe.runner import no_embed
+from memwarden_eval.probe.targets import ChromaTarget, Mem0Target, Result
 
 
 def test_wilson_edges_and_known_values() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from sidecar.harness import Server
+from memwarden_eval.harness import Server
 from sidecar.ledger import SQLiteLedger
 
 MEM0_KEY = "mem0-admin-" + secrets.token_hex(8)

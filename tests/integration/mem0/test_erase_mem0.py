@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from sidecar.harness import Server, start_mem0, start_sidecar
+from memwarden_eval.harness import Server, start_mem0, start_sidecar
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import MEM0_KEY, Mem0Stack, sidecar_env
 from tests.integration.test_erase import erase, on_disk

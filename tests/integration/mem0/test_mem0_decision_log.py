@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from sidecar.harness import Server, free_port, start_sidecar
+from memwarden_eval.harness import Server, free_port, start_sidecar
 from tests.integration.conftest import POLICIES
 from tests.integration.logutil import decision, file_sink
 from tests.integration.mem0.conftest import Mem0Stack, sidecar_env

@@ -1,4 +1,4 @@
-"""`memwarden demo --backend mem0` runs end to end and finds no leak and no miss."""
+"""`memwarden-eval demo --backend mem0` runs end to end and finds no leak and no miss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sidecar.demo_mem0 import run_mem0_demo
+from memwarden_eval.demo_mem0 import run_mem0_demo
 
 pytestmark = pytest.mark.integration
 

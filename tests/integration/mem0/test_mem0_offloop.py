@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from sidecar import Settings, create_app
-from sidecar.harness import Server
+from memwarden_eval.harness import Server
 from sidecar.ledger import SQLiteLedger
 from sidecar.ledger.postgres import PostgresLedger
 from tests.integration.conftest import POLICIES

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger.postgres import PostgresLedger
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import Mem0Stack, sidecar_env

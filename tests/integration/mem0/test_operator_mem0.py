@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from sidecar.harness import start_mem0, start_sidecar
+from memwarden_eval.harness import start_mem0, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import MEM0_KEY, Mem0Stack, sidecar_env

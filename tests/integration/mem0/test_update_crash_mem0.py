@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.harness import Server, start_sidecar
+from memwarden_eval.harness import Server, start_sidecar
 from sidecar.ledger import SQLiteLedger
 from tests.integration.conftest import POLICIES
 from tests.integration.mem0.conftest import Mem0Stack, sidecar_env

@@ -17,7 +17,7 @@ from sidecar.backends.chroma import stamp, where_of
 from sidecar.backends.mem0 import Mem0Profile, or_of
 from sidecar.core.visibility import visibility
 from sidecar.governance import Principal, Row
-from sidecar.harness import Server
+from memwarden_eval.harness import Server
 from tests.integration.conftest import chroma_client, unit_vectors
 from tests.integration.mem0.conftest import Mem0Stack
 
