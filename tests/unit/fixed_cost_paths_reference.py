@@ -56,6 +56,7 @@ class Exchange:
     would_deny: int = 0
     would_deny_reasons: dict[str, int] = field(default_factory=dict)
     would_deny_row_ids: list[str] = field(default_factory=list)
+    would_deny_seen: set[tuple[str, tuple[str, str]]] = field(default_factory=set)
     row_ids: list[str] = field(default_factory=list)
     denied_row_ids: list[str] = field(default_factory=list)
     ledger_rows: dict[tuple[str, str, str], Any] = field(default_factory=dict)

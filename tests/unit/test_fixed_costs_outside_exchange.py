@@ -33,8 +33,8 @@ from sidecar.stages.authorize import Authorizer
 REFERENCE_RESET = ("principal", "operation", "action", "resource", "decision", "reason", "policy_set",
                    "policies", "deny_policies", "rows_allowed", "rows_denied", "rows_malformed",
                    "rows_hidden_superseded", "rows_hidden_deleted", "rows_unknown", "row_deny_reasons",
-                   "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "row_ids",
-                   "actions", "deny_action", "denied_row_ids")
+                   "evaluation_errors", "would_deny", "would_deny_reasons", "would_deny_row_ids", "would_deny_seen",
+                   "row_ids", "actions", "deny_action", "denied_row_ids")
 
 
 def reference_rechecked(ex: Exchange) -> None:
@@ -71,7 +71,7 @@ def test_a_failed_recheck_resets_what_the_hand_written_list_reset() -> None:
     old.request_id = new.request_id
     old.started_ns = new.started_ns
     for name in ("policies", "deny_policies", "row_deny_reasons", "evaluation_errors", "would_deny_reasons",
-                 "would_deny_row_ids", "row_ids", "actions", "denied_row_ids", "client", "key_id", "segments", "query", "headers",
+                 "would_deny_row_ids", "would_deny_seen", "row_ids", "actions", "denied_row_ids", "client", "key_id", "segments", "query", "headers",
                  "ledger_rows", "prefetched",
                  "prefetched_owners", "stripped_headers"):
         setattr(old, name, getattr(new, name))  # the same objects, so kept ones compare equal
