@@ -8,9 +8,11 @@ item's measured gain. Kept:
   httptools `RequestResponseCycle` in one go — the bytes and state changes of its two ASGI ``send`` calls,
   without the ASGI messages and uvicorn's header checks per answer. It reads and sets the cycle's fields
   (``response_started``, ``keep_alive``, ``flow.write_paused``, ``default_headers``, …) and uses uvicorn's
-  module-level ``STATUS_LINE``/``HEADER_RE``/``HEADER_VALUE_RE``: none of it is uvicorn's public API, so
-  ``pyproject.toml`` admits only the uvicorn releases its wire test
-  (``tests/unit/test_entry_direct_write.py``) ran on. The public path: the two ASGI ``send`` calls.
+  module-level ``STATUS_LINE``/``HEADER_RE``/``HEADER_VALUE_RE``: none of it is uvicorn's public API, so it is
+  used only on the uvicorn releases its wire test (``tests/unit/test_entry_direct_write.py``, the bytes of the
+  two sends) passed on, `TESTED_UVICORN` (on 0.50.2 it does not: that release adds ``connection: close``
+  itself when the request asked for it); on any other release the public path is taken whatever the setting
+  (`AVAILABLE`). The public path: the two ASGI ``send`` calls.
 
 Not here, because no public path exists: `sidecar.server`'s connection bounds subclass uvicorn's
 ``HttpToolsProtocol`` (uvicorn has no public hook for them; docs/performance.md says why and what it relies on).
@@ -20,14 +22,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 from sidecar.server import COALESCE_MAX, CoalescingTransport
 
 
+# uvicorn releases (version prefixes) on which `write_answer`'s wire test passed; on others it is not used.
+TESTED_UVICORN = ("0.55.",)
+AVAILABLE = uvicorn.__version__.startswith(TESTED_UVICORN)
+
+
 def cycle_of(send: Any) -> RequestResponseCycle | None:
     """The uvicorn httptools `RequestResponseCycle` whose bound ``send`` `send` is, or None (another server,
-    another protocol, or a wrapper)."""
+    another protocol, a wrapper, or a uvicorn release not in `TESTED_UVICORN`)."""
+    if not AVAILABLE:
+        return None
     cycle = getattr(send, "__self__", None)
     return cycle if type(cycle) is RequestResponseCycle else None
 

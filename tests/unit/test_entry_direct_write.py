@@ -158,8 +158,9 @@ def test_same_bytes_on_the_wire(kind: str, use_fastpath: bool, data: Any, max_in
 @pytest.mark.parametrize("use_fastpath", [True, False], ids=["fastpath-on", "fastpath-off"])
 @pytest.mark.parametrize("kind", LOOPS)
 def test_answers_are_written_directly(kind: str, use_fastpath: bool) -> None:
-    """With the fast path on, the direct write is the path taken (not the fallback) for a plain keep-alive
-    answer; off, it is never tried; either way the connection carries the next request."""
+    """With the fast path on (and this uvicorn one it was tested on), the direct write is the path taken (not
+    the fallback) for a plain keep-alive answer; off, it is never tried; either way the connection carries the
+    next request."""
     calls = []
     original = fastpath.AnswerWriter.write
 
@@ -179,5 +180,5 @@ def test_answers_are_written_directly(kind: str, use_fastpath: bool) -> None:
         received, closed = run(kind, main())
     finally:
         fastpath.AnswerWriter.write = original  # type: ignore[method-assign]
-    assert calls == ([True, True] if use_fastpath else [])
+    assert calls == ([True, True] if use_fastpath and fastpath.AVAILABLE else [])
     assert closed and received.count(b"HTTP/1.1 200 OK\r\n") == 2
