@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,17 +38,57 @@ def match_routes(table: list[tuple[str, tuple[str, ...], str]], method: str, seg
 
 
 class RouteTable:
-    """A route table (as `match_routes` takes it) with its matcher: ``RouteTable(table).match(method,
-    segments)`` is ``match_routes(table, method, segments)``."""
+    """`table` (as `match_routes` takes it) indexed once: `match` gives what ``match_routes(table, method,
+    segments)`` gives. Per (method, number of segments), the entries are grouped by the positions of their
+    literal items; in a group, one dict look-up of the segments at those positions finds the first entry
+    (in table order) whose literals they are, and the match is the first-in-table-order entry of all groups
+    whose parameter segments are non-empty. The table is read at construction (build it after the table is
+    final)."""
 
-    __slots__ = ("table",)
+    __slots__ = ("_by_shape",)
 
     def __init__(self, table: list[tuple[str, tuple[str, ...], str]]) -> None:
-        self.table = table
+        # (method, length) -> groups: (literals getter, {literal values: (table index, op, parameters)}),
+        # parameters as ((position, name), ...); the getter is None when an entry has no literal item.
+        self._by_shape: dict[tuple[str, int], list[tuple[Any, dict[Any, tuple[int, str, tuple[tuple[int, str], ...]]]]]] = {}
+        groups: dict[tuple[str, int, tuple[int, ...]], tuple[Any, dict[Any, Any]]] = {}
+        for index, (m, pattern, op) in enumerate(table):
+            literal = tuple(i for i, p in enumerate(pattern) if not p.startswith("{"))
+            params = tuple((i, p[1:-1]) for i, p in enumerate(pattern) if p.startswith("{"))
+            shape = (m, len(pattern), literal)
+            if shape not in groups:
+                groups[shape] = (operator.itemgetter(*literal) if literal else None, {})
+                self._by_shape.setdefault((m, len(pattern)), []).append(groups[shape])
+            getter, entries = groups[shape]
+            entries.setdefault(getter(pattern) if getter is not None else None, (index, op, params))
 
     def match(self, method: str, segments: list[str]) -> Route | None:
         """The first entry whose method and pattern match `segments` (see `match_routes`), or None."""
-        return match_routes(self.table, method, segments)
+        groups = self._by_shape.get((method, len(segments)))
+        if groups is None:
+            return None
+        best: tuple[int, str, tuple[tuple[int, str], ...]] | None = None
+        try:
+            for getter, entries in groups:
+                hit = entries.get(getter(segments) if getter is not None else None)
+                if hit is not None and (best is None or hit[0] < best[0]) and all(segments[i] for i, _ in hit[2]):
+                    best = hit
+        except TypeError:  # a segment that cannot be a dict key (not a str): item by item, as match_routes
+            return self._match_items(method, segments)
+        if best is None:
+            return None
+        return Route(best[1], {name: segments[i] for i, name in best[2]})
+
+    def _match_items(self, method: str, segments: list[Any]) -> Route | None:
+        """`match` comparing item by item (`match_routes` over this shape's entries, in table order)."""
+        entries = sorted((hit for _, group in self._by_shape.get((method, len(segments)), []) for hit in group.items()),
+                         key=lambda item: item[1][0])
+        for values, (_, op, params) in entries:
+            literal = [i for i in range(len(segments)) if i not in {j for j, _ in params}]
+            wanted = values if isinstance(values, tuple) and len(literal) != 1 else (values,)
+            if all(segments[i] == v for i, v in zip(literal, wanted)) and all(segments[i] for i, _ in params):
+                return Route(op, {name: segments[i] for i, name in params})
+        return None
 
 
 class Profile(Protocol):
