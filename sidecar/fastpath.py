@@ -10,8 +10,8 @@ item's measured gain. Kept:
   (``response_started``, ``keep_alive``, ``flow.write_paused``, ``default_headers``, …) and uses uvicorn's
   module-level ``STATUS_LINE``/``HEADER_RE``/``HEADER_VALUE_RE``: none of it is uvicorn's public API, so it is
   used only on the uvicorn releases its wire test (``tests/unit/test_entry_direct_write.py``, the bytes of the
-  two sends) passed on, `TESTED_UVICORN` (on 0.50.2 it does not: that release adds ``connection: close``
-  itself when the request asked for it); on any other release the public path is taken whatever the setting
+  two sends) passed on, `TESTED_UVICORN` (0.54, 0.55; on 0.50.2 and 0.52.4 it does not: those releases add
+  ``connection: close`` themselves when the request asked for it); on any other release the public path is taken whatever the setting
   (`AVAILABLE`). The public path: the two ASGI ``send`` calls.
 
 Not here, because no public path exists: `sidecar.server`'s connection bounds subclass uvicorn's
@@ -29,7 +29,7 @@ from sidecar.server import COALESCE_MAX, CoalescingTransport
 
 
 # uvicorn releases (version prefixes) on which `write_answer`'s wire test passed; on others it is not used.
-TESTED_UVICORN = ("0.55.",)
+TESTED_UVICORN = ("0.54.", "0.55.")
 AVAILABLE = uvicorn.__version__.startswith(TESTED_UVICORN)
 
 
