@@ -79,7 +79,7 @@ class AnswerWriter:
         head = b"".join((line, self._defaults, b"content-type: application/json\r\ncontent-length: ",
                          str(len(payload)).encode(), b"\r\nx-request-id: ", request_id, b"\r\n", close, b"\r\n"))
         transport = cycle.transport
-        write = transport.write_now if type(transport) is CoalescingTransport else transport.write
+        write = transport.write_now if isinstance(transport, CoalescingTransport) else transport.write
         if cycle.scope["method"] == "HEAD":
             write(head)
         elif len(payload) > COALESCE_MAX:  # a large body is not copied into the head: two writes, in order
