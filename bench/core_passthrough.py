@@ -6,9 +6,8 @@ least any JSON-governing proxy must: read the client's body and parse it (orjson
 through the forward stage (`sidecar.stages.forward.Upstream`: the pooled HTTP/1.1 transport, its timeouts
 and error mapping), parse the backend's answer and encode it as the pipeline's response, and write it as
 the pipeline entry does: the same encoder (`sidecar.answer.answer_bytes`: the standard library's bytes,
-orjson where provably the same), a request id, and the answer's head and body in one write on uvicorn's
-request cycle (`sidecar.fastpath.AnswerWriter`; the two ASGI sends where that does not apply, or with
-``MEMWARDEN_FASTPATH=off``). No authentication, no Cedar, no ledger, no row checks, no decision log, no metrics.
+orjson where provably the same), a request id, and the answer's two ASGI sends (head and body leave in one
+write: `sidecar.server.CoalescingTransport`). No authentication, no Cedar, no ledger, no row checks, no decision log, no metrics.
 `bench/overhead.py --core` puts it beside direct, `bench/passthrough.py` (one raw Python hop) and
 memwarden: memwarden minus this core is what governance costs; this core minus the passthrough is what
 the framework costs.
@@ -19,14 +18,12 @@ the framework costs.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import orjson
 import uvicorn
 
 from sidecar.answer import answer_bytes
-from sidecar import fastpath
 from sidecar.errors import MemwardenError, to_body
 from sidecar.exchange import new_request_id
 from sidecar.server import ConnectionLimits, guarded_protocol
@@ -34,8 +31,6 @@ from sidecar.stages.forward import Upstream
 
 
 def app_for(upstream: Upstream) -> Any:
-    answers = fastpath.AnswerWriter()
-    use_fastpath = os.environ.get("MEMWARDEN_FASTPATH", "on") == "on"  # as the sidecar's setting
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -66,12 +61,10 @@ def app_for(upstream: Upstream) -> Any:
         except (ValueError, TypeError, RecursionError):
             status, payload = 500, b'{"error":"internal","message":"internal error"}'
         request_id = new_request_id().encode()
-        cycle = fastpath.cycle_of(send) if use_fastpath else None
-        if cycle is None or not answers.write(cycle, status, payload, request_id):
-            await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                (b"x-request-id", request_id)]})
-            await send({"type": "http.response.body", "body": payload})
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"x-request-id", request_id)]})
+        await send({"type": "http.response.body", "body": payload})
     return app
 
 

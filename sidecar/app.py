@@ -19,7 +19,7 @@ import asyncio
 import json
 import signal
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import httpx
 import structlog
@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sidecar import decisionlog, fastpath
+from sidecar import decisionlog
 from sidecar.answer import answer_bytes
 from sidecar.backends.chroma import ChromaProfile
 from sidecar.backends.mem0 import Mem0Profile
@@ -217,7 +217,6 @@ def create_app(settings: Settings | None = None, *, transport: httpx.AsyncBaseTr
                        max_inflight=settings.max_inflight_requests)
     app.pipeline_entry = PipelineMiddleware(None, services.pipeline, metrics=services.metrics,  # type: ignore[arg-type]
                                             max_inflight=settings.max_inflight_requests)
-    app.use_fastpath = settings.fastpath == "on"
     return app
 
 
@@ -227,13 +226,10 @@ class MemwardenApp(FastAPI):
     Starlette's middleware stack (its error middleware, FastAPI's telemetry and body-limit layers, the
     router), none of which acts on a request the pipeline answers. An exception escaping the pipeline
     entry is answered as Starlette's error middleware answers it (500 ``Internal Server Error`` unless a
-    response was started) and re-raised for the server to log. With `use_fastpath` (``MEMWARDEN_FASTPATH=on``),
-    under uvicorn's httptools protocol the entry is handed the request's `RequestResponseCycle` too, to
-    write the answer in one go (`sidecar.fastpath`). Everything else (the probes, WebSockets,
+    response was started) and re-raised for the server to log. Everything else (the probes, WebSockets,
     lifespan) goes through FastAPI, where the same `PipelineMiddleware` is the outermost user layer."""
 
     pipeline_entry: "PipelineMiddleware | None" = None
-    use_fastpath = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         entry = self.pipeline_entry
@@ -242,7 +238,6 @@ class MemwardenApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         started = False
-        cycle = fastpath.cycle_of(send) if self.use_fastpath else None  # the entry may write the answer itself
 
         async def _send(message: Message) -> None:
             nonlocal started
@@ -251,9 +246,9 @@ class MemwardenApp(FastAPI):
             await send(message)
 
         try:
-            await entry(scope, receive, _send, cycle)
+            await entry(scope, receive, _send)
         except Exception:
-            if not started and not (cycle is not None and cycle.response_started):
+            if not started:
                 await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise
 
@@ -270,11 +265,8 @@ class PipelineMiddleware:
         self.metrics = metrics
         self.max_inflight = max_inflight
         self.inflight = 0
-        self._answers = fastpath.AnswerWriter()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, cycle: Any = None) -> None:
-        """The ASGI entry; `cycle` (`sidecar.fastpath.cycle_of`, None unless ``MEMWARDEN_FASTPATH=on``) is the
-        request's uvicorn cycle, on which the answer is written in one go where that is exact."""
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # no WebSocket routes: refuse before any framework sees it
             await receive()
             await send({"type": "websocket.close", "code": 1008})
@@ -303,13 +295,12 @@ class PipelineMiddleware:
             ex.decision, ex.reason = "error", "internal_error"
         request_id = ex.request_id.encode()
         try:
-            if cycle is None or not self._answers.write(cycle, status, payload, request_id):
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                           (b"x-request-id", request_id)]
-                if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
-                    headers.append((b"connection", b"close"))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": payload})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                       (b"x-request-id", request_id)]
+            if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
+                headers.append((b"connection", b"close"))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
         finally:
             # The decision event and the metrics come after the answer has been handed to the connection
             # (uvicorn's send writes to the socket before returning), off the caller's wait; also when the

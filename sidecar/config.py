@@ -85,10 +85,6 @@ class Settings(BaseSettings):
         default=False, description="PostgreSQL: authenticate and the read path's row lookup are awaited on psycopg's "
         "asynchronous pool (no thread hop) instead of following ledger_off_loop; off by default: measured slower here "
         "(psycopg's asyncio waits cost more event-loop time per query than a worker-thread hop)")
-    fastpath: Literal["on", "off"] = Field(
-        default="on", description="on: the speed-ups that depend on a library's private internals (sidecar/fastpath.py: "
-        "the answer written on uvicorn's request cycle in one go) are used; off: the library's public path "
-        "(docs/performance.md, 'Private internals: what is kept and why')")
     ledger_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API keys (SQLite only), collections and agents are served from memory for at most "
         "this long while the ledger reports no change (sidecar/ledger/cache.py); 0 = no cache")

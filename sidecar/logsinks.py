@@ -75,7 +75,7 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
                         self.doRollover()
                     stream = self.stream
                     if stream is None:
-                        stream = self.stream = self._open()
+                        stream = self.stream = self._reopen()
                 stream.write(text)
                 stream.flush()  # each line reaches the OS before the call returns (Handler.flush, under our lock)
             except Exception:
@@ -98,7 +98,7 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
         if self.maxBytes <= 0:
             return False
         if self.stream is None:
-            self.stream = self._open()
+            self.stream = self._reopen()
         stream = self.stream
         kind = self._kind
         if kind is None or kind[0] is not stream:
@@ -115,6 +115,11 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
         if size + len(text) < self.maxBytes:
             return False
         return not (os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename))
+
+    def _reopen(self) -> Any:
+        """The handler's file opened as `logging.FileHandler` opens it (its public ``baseFilename``, ``mode``,
+        ``encoding`` and ``errors``; the handler's own opener is private)."""
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors)
 
     # (the stream, whether it is a regular file, whether it was opened to append), found once per stream opened
     _kind: tuple[Any, bool, bool] | None = None

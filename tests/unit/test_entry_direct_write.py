@@ -1,6 +1,5 @@
-"""The pipeline entry writes its answer on uvicorn's cycle in one go (`sidecar.fastpath.AnswerWriter`, with
-``MEMWARDEN_FASTPATH=on``) or through its two ASGI ``send`` calls (``off``): either way, against the entry as it
-was (`tests/unit/app_entry_reference.py`: two ASGI ``send`` calls), both behind
+"""The pipeline entry's answers (its two ASGI ``send`` calls: since issue 35 there is no direct write on
+uvicorn's cycle any more) against the entry as it was (`tests/unit/app_entry_reference.py`), both behind
 `sidecar.server.guarded_protocol` on real sockets, on the standard loop and on uvloop, the same bytes on the
 wire and the same decision records for any conversation (methods incl. HEAD, keep-alive or close,
 HTTP/1.0, pipelined requests, ``Expect: 100-continue``, malformed requests, 408 answers that close, 500 for
@@ -20,7 +19,6 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from sidecar import app as new_app
-from sidecar import fastpath
 from sidecar.exchange import Exchange
 from sidecar.server import ConnectionLimits, guarded_protocol
 from tests.unit import app_entry_reference as old_app
@@ -65,11 +63,10 @@ class StubPipeline:
 
 
 async def serve(module: Any, max_inflight: int | None, server_header: bool,
-                extra: list[tuple[str, str]], use_fastpath: bool = True) -> tuple[asyncio.AbstractServer, int, StubPipeline]:
+                extra: list[tuple[str, str]]) -> tuple[asyncio.AbstractServer, int, StubPipeline]:
     loop = asyncio.get_running_loop()
     pipeline = StubPipeline()
     application = module.MemwardenApp(docs_url=None, redoc_url=None, openapi_url=None)
-    application.use_fastpath = use_fastpath
     application.pipeline_entry = module.PipelineMiddleware(None, pipeline, max_inflight=max_inflight)  # type: ignore[arg-type]
     config = Config(application, http=guarded_protocol(ConnectionLimits(idle_timeout_s=0.15)), log_level="critical",
                     access_log=False, proxy_headers=False, server_header=server_header, headers=extra, lifespan="off")
@@ -129,19 +126,18 @@ def conversation(draw: Any, max_requests: int = 4) -> list[bytes]:
     return parts
 
 
-@pytest.mark.parametrize("use_fastpath", [True, False], ids=["fastpath-on", "fastpath-off"])
 @pytest.mark.parametrize("kind", LOOPS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), max_inflight=st.sampled_from([None, None, 0]), server_header=st.booleans(),
        extra=st.sampled_from([[], [("x-extra", "1")], [("connection", "close")]]))
-def test_same_bytes_on_the_wire(kind: str, use_fastpath: bool, data: Any, max_inflight: int | None, server_header: bool,
+def test_same_bytes_on_the_wire(kind: str, data: Any, max_inflight: int | None, server_header: bool,
                                 extra: list[tuple[str, str]]) -> None:
     # when every answer closes the connection (503, or a default ``connection: close``), one request
     parts = data.draw(conversation(1 if max_inflight == 0 or extra == [("connection", "close")] else 4))
 
     async def main() -> list[Any]:
         old_srv, old_port, old_pipe = await serve(old_app, max_inflight, server_header, extra)
-        new_srv, new_port, new_pipe = await serve(new_app, max_inflight, server_header, extra, use_fastpath)
+        new_srv, new_port, new_pipe = await serve(new_app, max_inflight, server_header, extra)
         try:
             old, new = await asyncio.gather(exchange(old_port, parts, 0.02), exchange(new_port, parts, 0.02))
             return [old, new, old_pipe.records, new_pipe.records]
@@ -155,30 +151,14 @@ def test_same_bytes_on_the_wire(kind: str, use_fastpath: bool, data: Any, max_in
     assert old[1]
 
 
-@pytest.mark.parametrize("use_fastpath", [True, False], ids=["fastpath-on", "fastpath-off"])
 @pytest.mark.parametrize("kind", LOOPS)
-def test_answers_are_written_directly(kind: str, use_fastpath: bool) -> None:
-    """With the fast path on (and this uvicorn one it was tested on), the direct write is the path taken (not
-    the fallback) for a plain keep-alive answer; off, it is never tried; either way the connection carries the
-    next request."""
-    calls = []
-    original = fastpath.AnswerWriter.write
-
-    def spy(self: Any, *args: Any) -> bool:
-        calls.append(done := original(self, *args))
-        return done
-
+def test_a_kept_alive_connection_carries_the_next_request(kind: str) -> None:
     async def main() -> tuple[bytes, bool]:
-        srv, port, _ = await serve(new_app, None, False, [], use_fastpath)
+        srv, port, _ = await serve(new_app, None, False, [])
         try:
             return await exchange(port, [b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n", b"HEAD /b HTTP/1.1\r\nhost: x\r\n\r\n"], 0.02)
         finally:
             srv.close()
 
-    fastpath.AnswerWriter.write = spy  # type: ignore[method-assign]
-    try:
-        received, closed = run(kind, main())
-    finally:
-        fastpath.AnswerWriter.write = original  # type: ignore[method-assign]
-    assert calls == ([True, True] if use_fastpath and fastpath.AVAILABLE else [])
+    received, closed = run(kind, main())
     assert closed and received.count(b"HTTP/1.1 200 OK\r\n") == 2
