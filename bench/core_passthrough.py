@@ -6,9 +6,8 @@ least any JSON-governing proxy must: read the client's body and parse it (orjson
 through the forward stage (`sidecar.stages.forward.Upstream`: the pooled HTTP/1.1 transport, its timeouts
 and error mapping), parse the backend's answer and encode it as the pipeline's response, and write it as
 the pipeline entry does: the same encoder (`sidecar.answer.answer_bytes`: the standard library's bytes,
-orjson where provably the same), a request id, and the answer's head and body in one write on uvicorn's
-request cycle (`sidecar.app.PipelineMiddleware._write_answer`; the two ASGI sends where that does not
-apply). No authentication, no Cedar, no ledger, no row checks, no decision log, no metrics.
+orjson where provably the same), a request id, and the answer's two ASGI sends (head and body leave in one
+write: `sidecar.server.CoalescingTransport`). No authentication, no Cedar, no ledger, no row checks, no decision log, no metrics.
 `bench/overhead.py --core` puts it beside direct, `bench/passthrough.py` (one raw Python hop) and
 memwarden: memwarden minus this core is what governance costs; this core minus the passthrough is what
 the framework costs.
@@ -23,10 +22,8 @@ from typing import Any
 
 import orjson
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from sidecar.answer import answer_bytes
-from sidecar.app import PipelineMiddleware
 from sidecar.errors import MemwardenError, to_body
 from sidecar.exchange import new_request_id
 from sidecar.server import ConnectionLimits, guarded_protocol
@@ -34,7 +31,6 @@ from sidecar.stages.forward import Upstream
 
 
 def app_for(upstream: Upstream) -> Any:
-    entry = PipelineMiddleware(None, None)  # type: ignore[arg-type]  # only its answer writer is used
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -65,12 +61,10 @@ def app_for(upstream: Upstream) -> Any:
         except (ValueError, TypeError, RecursionError):
             status, payload = 500, b'{"error":"internal","message":"internal error"}'
         request_id = new_request_id().encode()
-        cycle = getattr(send, "__self__", None)
-        if type(cycle) is not RequestResponseCycle or not entry._write_answer(cycle, status, payload, request_id):
-            await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                (b"x-request-id", request_id)]})
-            await send({"type": "http.response.body", "body": payload})
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"x-request-id", request_id)]})
+        await send({"type": "http.response.body", "body": payload})
     return app
 
 

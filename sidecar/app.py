@@ -27,7 +27,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, RequestResponseCycle
 
 from sidecar import decisionlog, logship
 from sidecar.answer import answer_bytes
@@ -44,7 +43,6 @@ from sidecar.metrics import (InstrumentedLedger, Metrics, instrument_reconciler,
                               instrument_upstream)
 from sidecar.pipeline import Pipeline
 from sidecar.policy_reload import PolicyHandle
-from sidecar.server import _COALESCE_MAX, CoalescingTransport
 from sidecar.stages.authorize import Authorizer
 from sidecar.stages.canonicalize import credential
 from sidecar.stages.forward import Upstream
@@ -245,9 +243,7 @@ class MemwardenApp(FastAPI):
     Starlette's middleware stack (its error middleware, FastAPI's telemetry and body-limit layers, the
     router), none of which acts on a request the pipeline answers. An exception escaping the pipeline
     entry is answered as Starlette's error middleware answers it (500 ``Internal Server Error`` unless a
-    response was started) and re-raised for the server to log. Under uvicorn's httptools protocol the
-    entry is handed the request's `RequestResponseCycle` too, to write the answer in one go
-    (`PipelineMiddleware.__call__`). Everything else (the probes, WebSockets,
+    response was started) and re-raised for the server to log. Everything else (the probes, WebSockets,
     lifespan) goes through FastAPI, where the same `PipelineMiddleware` is the outermost user layer."""
 
     pipeline_entry: "PipelineMiddleware | None" = None
@@ -259,9 +255,6 @@ class MemwardenApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         started = False
-        cycle = getattr(send, "__self__", None)  # uvicorn's httptools cycle: the entry may write the answer itself
-        if type(cycle) is not RequestResponseCycle:
-            cycle = None
 
         async def _send(message: Message) -> None:
             nonlocal started
@@ -270,9 +263,9 @@ class MemwardenApp(FastAPI):
             await send(message)
 
         try:
-            await entry(scope, receive, _send, cycle)
+            await entry(scope, receive, _send)
         except Exception:
-            if not started and not (cycle is not None and cycle.response_started):
+            if not started:
                 await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise
 
@@ -289,10 +282,8 @@ class PipelineMiddleware:
         self.metrics = metrics
         self.max_inflight = max_inflight
         self.inflight = 0
-        self._defaults_of: list[tuple[bytes, bytes]] | None = None  # the default-header list last rendered
-        self._defaults: bytes | None = None  # its bytes (None: not plain, answers go through `send`)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, cycle: RequestResponseCycle | None = None) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # no WebSocket routes: refuse before any framework sees it
             await receive()
             await send({"type": "websocket.close", "code": 1008})
@@ -321,13 +312,12 @@ class PipelineMiddleware:
             ex.decision, ex.reason = "error", "internal_error"
         request_id = ex.request_id.encode()
         try:
-            if cycle is None or not self._write_answer(cycle, status, payload, request_id):
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                           (b"x-request-id", request_id)]
-                if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
-                    headers.append((b"connection", b"close"))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": payload})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                       (b"x-request-id", request_id)]
+            if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
+                headers.append((b"connection", b"close"))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
         finally:
             # The decision event and the metrics come after the answer has been handed to the connection
             # (uvicorn's send writes to the socket before returning), off the caller's wait; also when the
@@ -338,61 +328,6 @@ class PipelineMiddleware:
                     self.metrics.observe_exchange(ex, status)
                 except Exception:  # metrics never change the answer already decided
                     pass
-
-
-    def _write_answer(self, cycle: RequestResponseCycle, status: int, payload: bytes, request_id: bytes) -> bool:
-        """Write the answer on `cycle` as its two ``send`` calls (``http.response.start`` with the headers
-        above, ``http.response.body`` with `payload`) would, byte for byte and with the same state changes
-        (started, complete, keep-alive, close, the next pipelined request), in one transport write. False
-        (nothing done) when the cycle is not in the plain state that makes this exact — the response already
-        started, the client gone, writing paused, an access log, a default header that is not plain, a
-        request id or status uvicorn would refuse: then the caller sends as before."""
-        if cycle.response_started or cycle.disconnected or cycle.flow.write_paused or cycle.access_log:
-            return False
-        defaults = cycle.default_headers
-        if defaults is not self._defaults_of:  # uvicorn renews the list (its date) once a second
-            self._defaults_of, self._defaults = defaults, _plain_headers(defaults)
-        line = STATUS_LINE.get(status)
-        if self._defaults is None or line is None or HEADER_VALUE_RE.search(request_id) is not None:
-            return False
-        cycle.response_started = True
-        cycle.waiting_for_100_continue = False
-        cycle.chunked_encoding = False
-        if status == 408:  # the rest of the body may still be on its way: do not read it as a next request
-            cycle.keep_alive = False
-            close = b"connection: close\r\n"
-        else:
-            close = b"" if cycle.keep_alive else b"connection: close\r\n"
-        head = b"".join((line, self._defaults, b"content-type: application/json\r\ncontent-length: ",
-                         str(len(payload)).encode(), b"\r\nx-request-id: ", request_id, b"\r\n", close, b"\r\n"))
-        transport = cycle.transport
-        write = transport.write_now if type(transport) is CoalescingTransport else transport.write
-        if cycle.scope["method"] == "HEAD":
-            write(head)
-        elif len(payload) > _COALESCE_MAX:  # a large body is not copied into the head: two writes, in order
-            write(head)
-            write(payload)
-        else:
-            write(head + payload)
-        cycle.expected_content_length = 0
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            transport.close()
-        cycle.on_response()
-        return True
-
-
-def _plain_headers(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The bytes uvicorn writes for `headers` (its default headers: the date, a configured server header),
-    or None unless each is one it writes unchanged and without effect on the response's framing."""
-    out = []
-    for name, value in headers:
-        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value) or \
-                name.lower() in (b"content-length", b"transfer-encoding", b"connection"):
-            return None
-        out += [name.lower(), b": ", value, b"\r\n"]
-    return b"".join(out)
 
 
 def _start_policy_reload(services: Services) -> list[asyncio.Task[None]]:

@@ -82,6 +82,24 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> st
         return json.dumps(obj, default=default)
 
 
+def fallback(obj: Any) -> Any:
+    """The JSON stand-in of a value JSON has no form for, as structlog's renderer makes it by default: the
+    value's ``__structlog__()`` if it has one, else its ``repr``."""
+    try:
+        return obj.__structlog__()
+    except AttributeError:
+        return repr(obj)
+
+
+class Renderer(structlog.processors.JSONRenderer):
+    """``structlog.processors.JSONRenderer(serializer=dumps, default=fallback)``: the last processor of the
+    default chain (`processors`), recognised by its type where `writer` and `recorder` write the decision event
+    without running the chain (the same `dumps` call with the same `default`)."""
+
+    def __init__(self) -> None:
+        super().__init__(serializer=dumps, default=fallback)
+
+
 class IsoUtcStamper:
     """structlog processor: the event's ``timestamp``, the current UTC time as structlog's
     ``TimeStamper(fmt="iso", utc=True)`` writes it (``datetime.now(timezone.utc).isoformat()`` with
@@ -118,7 +136,7 @@ def processors(mask: tuple[str, ...] = (), stamper: Any = None) -> list[Any]:
         stamper or IsoUtcStamper(),
         *([logsinks.MaskFields(mask)] if mask else []),
         structlog.processors.format_exc_info,
-        structlog.processors.JSONRenderer(serializer=dumps),
+        Renderer(),
     ]
 
 
@@ -129,7 +147,7 @@ def writer(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None]:
     called the same way, the same sink method — without the bound logger's keyword repacking and copies.
 
     The chain `processors` builds by default (`add_log_level`, an `IsoUtcStamper`, optionally `MaskFields`,
-    `format_exc_info`, ``JSONRenderer(serializer=dumps)`` with structlog's default fallback) is run fused
+    `format_exc_info`, `Renderer`) is run fused
     (`_fused`): the same keys set in the same order to the same values, the same masking and the same `dumps`
     call, in one function instead of five processor calls (`format_exc_info` is called only for an event with an
     ``exc_info`` field, the only one it changes; a decision event has none). Any other chain runs processor by
@@ -152,7 +170,7 @@ def _fused(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None] | No
     """`writer`'s fused form of the default chain, None when `chain` is not of that shape: ``level``
     (``"info"``: what `add_log_level` sets for the info method), ``timestamp`` (`IsoUtcStamper.at` of
     ``time.time_ns()``, as its ``__call__``), `MaskFields` (called as a processor), then the renderer's
-    own serializer call (`dumps` with the renderer's keywords: structlog's fallback ``default``)."""
+    own serializer call (`dumps` with ``default=fallback``, as `Renderer` calls it)."""
     if len(chain) not in (4, 5) or chain[0] is not structlog.processors.add_log_level \
             or chain[-2] is not structlog.processors.format_exc_info:
         return None
@@ -160,14 +178,12 @@ def _fused(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None] | No
     mask = chain[2] if len(chain) == 5 else None
     if type(stamper) is not IsoUtcStamper or (mask is not None and type(mask) is not logsinks.MaskFields):
         return None
-    kw = getattr(renderer, "_dumps_kw", None)
-    if (type(renderer) is not structlog.processors.JSONRenderer or getattr(renderer, "_dumps", None) is not dumps
-            or not isinstance(kw, dict) or set(kw) != {"default"}):
+    if type(renderer) is not Renderer:
         return None
-    default = kw["default"]
+    default = fallback
     format_exc_info = structlog.processors.format_exc_info
     at, now, info = stamper.at, time.time_ns, sink.info
-    encode, option, fallback = orjson.dumps, orjson.OPT_NON_STR_KEYS, json.dumps
+    encode, option, stdlib_dumps = orjson.dumps, orjson.OPT_NON_STR_KEYS, json.dumps
 
     def write(fields: dict[str, Any]) -> None:
         fields["event"] = "decision"
@@ -180,7 +196,7 @@ def _fused(chain: list[Any], sink: Any) -> Callable[[dict[str, Any]], None] | No
         try:  # `dumps`, inline
             line = encode(fields, default=default, option=option).decode()
         except (TypeError, orjson.JSONEncodeError):
-            line = fallback(fields, default=default)
+            line = stdlib_dumps(fields, default=default)
         info(line)
     return write
 
@@ -327,7 +343,7 @@ def recorder(chain: list[Any], sink: Any, write: Callable[[dict[str, Any]], None
         def record_slow(ex: Exchange, status: int, policy_sha256: str | None, mode: str) -> None:
             write(fields(ex, status, policy_sha256, mode))
         return record_slow
-    default = chain[-1]._dumps_kw["default"]
+    default = fallback
     at, now, info = chain[1].at, time.time_ns, sink.info
     encode, option = orjson.dumps, orjson.OPT_NON_STR_KEYS
     static: dict[tuple[Any, ...], bytes] = {}

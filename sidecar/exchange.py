@@ -2,48 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.governance import Principal
 
 
-_IDS_PER_DRAW = 1024  # request ids made from one ``os.urandom`` call
-_VERSION = bytes((b & 0x0F) | 0x40 for b in range(256))  # byte 6: version 4
-_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))  # byte 8: variant RFC 4122
-_ids: list[str] = []  # drawn, not yet handed out (taken from the end)
-
-
-def _draw() -> list[str]:
-    """`_IDS_PER_DRAW` new request ids from one ``os.urandom`` call: each the 32 lowercase hex digits of 16
-    fresh random bytes with the version and variant bits set, as `new_request_id` made each from its own
-    16 bytes before (`tests/unit/exchange_reference.py`)."""
-    raw = bytearray(os.urandom(16 * _IDS_PER_DRAW))
-    raw[6::16] = raw[6::16].translate(_VERSION)
-    raw[8::16] = raw[8::16].translate(_VARIANT)
-    text = raw.hex()
-    return [text[i:i + 32] for i in range(0, len(text), 32)]
-
-
 def new_request_id() -> str:
-    """A random request id: 32 lowercase hex digits of a version-4 (random) RFC 4122 UUID, as
-    ``uuid.uuid4().hex`` gives, from 16 bytes of ``os.urandom`` with the version and variant bits set (the
-    bytes `uuid.uuid4` draws, without building a `uuid.UUID`). The bytes of 1024 ids are drawn in one
-    ``os.urandom`` call (`_draw`) and handed out one by one, each once (``list.pop``, atomic under the GIL,
-    so threads never share one); a forked child drops the parent's undrawn ids (``os.register_at_fork``),
-    so two processes never hand out the same ones. As unpredictable as before: every id is fresh
-    ``os.urandom`` bytes no other id is made of (`tests/unit/exchange_reference.py` keeps the old code)."""
-    try:
-        return _ids.pop()
-    except IndexError:
-        _ids.extend(_draw())
-        return _ids.pop()
-
-
-os.register_at_fork(after_in_child=_ids.clear)
+    """A random request id: the 32 lowercase hex digits of a version-4 (random) RFC 4122 UUID
+    (``uuid.uuid4().hex``: 16 bytes of ``os.urandom``)."""
+    return uuid.uuid4().hex
 
 
 @dataclass(slots=True)
@@ -117,50 +87,3 @@ class Exchange:
 
     def elapsed_us(self) -> int:
         return (time.perf_counter_ns() - self.started_ns) // 1000
-
-
-def _literal_init(cls: type) -> None:
-    """Give dataclass `cls` an ``__init__`` with the parameters, defaults and assignments of the one
-    `dataclasses` generates (same names, order and defaults; a field with a default factory takes its
-    factory's value unless passed), except that a ``list`` or ``dict`` default factory is written as the
-    literal ``[]`` / ``{}`` — a new empty container each time, as the factory call makes, without the call
-    (most of what building an `Exchange` cost). Made from `dataclasses.fields`, so a field added later is
-    covered."""
-    names: dict[str, Any] = {"_FACTORY": _FACTORY}
-    params, body = [], []
-    for f in dataclasses.fields(cls):
-        if not f.init or f.kw_only:
-            raise TypeError(f"{cls.__name__}.{f.name}: only plain init fields are supported")
-        if f.default_factory is not dataclasses.MISSING:
-            literal = {list: "[]", dict: "{}"}.get(f.default_factory)  # type: ignore[call-overload]
-            if literal is None:
-                names[f"_factory_{f.name}"] = f.default_factory
-                literal = f"_factory_{f.name}()"
-            params.append(f"{f.name}=_FACTORY")
-            body.append(f"    self.{f.name} = {literal} if {f.name} is _FACTORY else {f.name}")
-        elif f.default is not dataclasses.MISSING:
-            names[f"_default_{f.name}"] = f.default
-            params.append(f"{f.name}=_default_{f.name}")
-            body.append(f"    self.{f.name} = {f.name}")
-        else:
-            params.append(f.name)
-            body.append(f"    self.{f.name} = {f.name}")
-    source = f"def __init__(self, {', '.join(params)}) -> None:\n" + "\n".join(body) + "\n"
-    exec(source, names)  # noqa: S102 - generated from the dataclass's own field list, as dataclasses does
-    init = names["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
-
-
-class _FactoryDefault:
-    """The default of a parameter whose field has a default factory (``repr``: like the dataclass's)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-_FACTORY = _FactoryDefault()
-_literal_init(Exchange)

@@ -22,11 +22,10 @@ import logging.handlers
 import os
 import stat
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
-import structlog
-from structlog._output import stdout as _STRUCTLOG_STDOUT  # what PrintLogger compares its file to
 
 _MASK_KEY = os.urandom(32)
 
@@ -76,7 +75,7 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
                         self.doRollover()
                     stream = self.stream
                     if stream is None:
-                        stream = self.stream = self._open()
+                        stream = self.stream = self._reopen()
                 stream.write(text)
                 stream.flush()  # each line reaches the OS before the call returns (Handler.flush, under our lock)
             except Exception:
@@ -99,7 +98,7 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
         if self.maxBytes <= 0:
             return False
         if self.stream is None:
-            self.stream = self._open()
+            self.stream = self._reopen()
         stream = self.stream
         kind = self._kind
         if kind is None or kind[0] is not stream:
@@ -116,6 +115,11 @@ class _LineRotatingFileHandler(logging.handlers.RotatingFileHandler):
         if size + len(text) < self.maxBytes:
             return False
         return not (os.path.exists(self.baseFilename) and not os.path.isfile(self.baseFilename))
+
+    def _reopen(self) -> Any:
+        """The handler's file opened as `logging.FileHandler` opens it (its public ``baseFilename``, ``mode``,
+        ``encoding`` and ``errors``; the handler's own opener is private)."""
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors)
 
     # (the stream, whether it is a regular file, whether it was opened to append), found once per stream opened
     _kind: tuple[Any, bool, bool] | None = None
@@ -147,17 +151,30 @@ class RotatingFileLogger:
 _METHODS = ("msg", "log", "debug", "info", "warn", "warning", "err", "error", "critical", "exception", "failure", "fatal")
 
 
-class LinePrintLogger(structlog.PrintLogger):
-    """`structlog.PrintLogger` writing each line in one ``write`` call: the rendered message and its newline
-    as one string, then ``flush()``, under the same per-file lock, to the same file (the interpreter's
-    current ``sys.stdout`` when made for the ``sys.stdout`` structlog imported, as ``print(file=None)``
-    writes; nothing when that is None). ``print(message, file=f, flush=True)`` writes the message and the
-    newline in two calls, which an unbuffered stdout (``PYTHONUNBUFFERED=1``, ``python -u``: the text layer
-    writes through to the raw file) turns into two system calls per line; the bytes are the same."""
+_FILE_LOCKS: dict[int, threading.Lock] = {}  # one lock per file written to (by id; 0: the current sys.stdout)
+_FILE_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(file: Any) -> threading.Lock:
+    key = 0 if file is None else id(file)
+    with _FILE_LOCKS_GUARD:
+        return _FILE_LOCKS.setdefault(key, threading.Lock())
+
+
+class LinePrintLogger:
+    """A structlog logger (any object with the level methods) writing each rendered line to `file` in one
+    ``write`` call — the message and its newline as one string, then ``flush()`` — under a lock per file, the
+    bytes ``print(message, file=file, flush=True)`` writes (structlog's `PrintLogger`), which an unbuffered
+    stdout (``PYTHONUNBUFFERED=1``, ``python -u``) turns into two system calls per line. `file` None: the
+    interpreter's ``sys.stdout`` at each call (nothing is written while it is None)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self._file = file
+        self._lock = _lock_for(file)
 
     def msg(self, message: str) -> None:
         """Write `message` and a newline in one call, then flush."""
-        f = self._file if self._file is not _STRUCTLOG_STDOUT else sys.stdout
+        f = self._file if self._file is not None else sys.stdout
         text = (message if type(message) is str else str(message)) + "\n"
         with self._lock:
             if f is None:
@@ -169,7 +186,8 @@ class LinePrintLogger(structlog.PrintLogger):
 
 
 class LinePrintLoggerFactory:
-    """`structlog.PrintLoggerFactory` making `LinePrintLogger` objects (a new one per call, on `file`)."""
+    """A structlog logger factory making `LinePrintLogger` objects (a new one per call, on `file`; None: the
+    current ``sys.stdout`` at each write)."""
 
     def __init__(self, file: Any = None) -> None:
         self._file = file
@@ -182,7 +200,7 @@ def logger_factory(sink: str = "stdout", path: Path | None = None, max_bytes: in
                    backups: int = 5) -> Callable[..., Any]:
     """A structlog logger factory for `sink` (``stdout`` or ``file``). Raises ValueError otherwise."""
     if sink == "stdout":
-        return LinePrintLoggerFactory(file=sys.stdout)
+        return LinePrintLoggerFactory()  # the current sys.stdout at each write, as structlog's own
     if sink == "file":
         if path is None:
             raise ValueError("the file sink needs a path (MEMWARDEN_DECISION_LOG_PATH)")

@@ -42,7 +42,6 @@ import json
 import socket
 import threading
 import time
-from bisect import bisect_left as _bisect_left
 from collections import Counter as Tally
 from functools import wraps
 from socketserver import ThreadingMixIn
@@ -115,61 +114,22 @@ class Metrics:
         self._rows_by_result: dict[str, Any] = {}
         self._requests_by_labels: dict[tuple[Any, Any, Any, Any], Any] = {}
         self._cedar_by_labels: dict[tuple[str, bool], Any] = {}
-        self._allowed_value: Any = None  # the value object of the bound rows_total{result="allowed"} child
-        self._one_values: dict[tuple[str, bool], tuple[Any, ...]] = {}  # `observe_cedar_one`, by (action, allowed)
-        # The value objects of the label-less histograms observed once per request (`_histogram_values`).
-        self._duration_values = _histogram_values(self.request_duration)
-        self._batch_duration_values = _histogram_values(self.cedar_batch)
-        self._batch_size_values = _histogram_values(self.cedar_batch_size)
 
     # -- observations -----------------------------------------------------------------------
     def observe_exchange(self, ex: Any, status: int) -> None:
         """Count one finished request (an `Exchange`) and its rows."""
         labels = (ex.operation, ex.action or "none", ex.decision or "none", status)
-        count = self._requests_by_labels.get(labels)
-        if count is None:
-            child = self.requests.labels(*labels[:3], str(status))
-            count = _counter_value(child)
-            if count is None:  # not the layout `_counter_value` knows: the child's own `inc`
-                child.inc()
-            else:
-                self._requests_by_labels[labels] = count
-                count.inc(1)
-        else:
-            count.inc(1)  # Counter.inc(1) of the bound child
-        # The row counts by result, in this order; most are 0 (a request counts nothing for them).
-        if n := ex.rows_allowed:
-            allowed = self._allowed_value
-            if allowed is None or n < 0:  # not yet bound (or a negative count, refused by the child's own inc)
-                child = self._row_child("allowed")
-                allowed = self._allowed_value = _counter_value(child)
-                if allowed is None or n < 0:
-                    child.inc(n)
-                else:
-                    allowed.inc(n)
-            else:
-                allowed.inc(n)  # Counter.inc(n) of the bound ("allowed") child
-        if n := ex.rows_denied:
-            self._row_child("denied").inc(n)
-        if n := ex.rows_hidden_superseded:
-            self._row_child("superseded").inc(n)
-        if n := ex.rows_hidden_deleted:
-            self._row_child("deleted").inc(n)
-        if n := ex.rows_unknown:
-            self._row_child("unknown").inc(n)
-        if n := ex.rows_malformed:
-            self._row_child("malformed").inc(n)
-        seconds = ex.elapsed_us() / 1e6
-        duration = self._duration_values
-        if duration is None:
-            self.request_duration.observe(seconds)
-            return
-        # Histogram.observe(seconds): the sum, then the first bucket whose bound is >= seconds (none for NaN).
-        duration_sum, buckets, bounds = duration
-        duration_sum.inc(seconds)
-        i = _bisect_left(bounds, seconds)
-        if i < len(bounds) and seconds <= bounds[i]:
-            buckets[i].inc(1)
+        child = self._requests_by_labels.get(labels)
+        if child is None:
+            child = self._requests_by_labels[labels] = self.requests.labels(*labels[:3], str(status))
+        child.inc()
+        # The row counts by result; most are 0 (a request counts nothing for them).
+        for result, n in (("allowed", ex.rows_allowed), ("denied", ex.rows_denied),
+                          ("superseded", ex.rows_hidden_superseded), ("deleted", ex.rows_hidden_deleted),
+                          ("unknown", ex.rows_unknown), ("malformed", ex.rows_malformed)):
+            if n:
+                self._row_child(result).inc(n)
+        self.request_duration.observe(ex.elapsed_us() / 1e6)
 
     def _row_child(self, result: str) -> Any:
         row_child = self._rows_by_result.get(result)
@@ -186,55 +146,20 @@ class Metrics:
 
     def observe_cedar(self, actions: list[str], allowed: list[bool], seconds: float) -> None:
         """One PDP call: its duration (`seconds`), its size and one count per answer by (action, decision)."""
-        if len(actions) == 1 and len(allowed) == 1:  # a request-level decision: no tally to build
-            self.observe_cedar_one(actions[0], allowed[0], seconds)
-            return
         self.cedar_batch.observe(seconds)
         self.cedar_batch_size.observe(len(actions))
+        if len(actions) == 1 and len(allowed) == 1:  # a request-level decision: no tally to build
+            self._cedar_child(actions[0], bool(allowed[0])).inc()
+            return
         for (action, ok), n in Tally(zip(actions, allowed)).items():
             self._cedar_child(action, bool(ok)).inc(n)
 
     def observe_cedar_one(self, action: str, allowed: Any, seconds: float) -> None:
         """``observe_cedar([action], [allowed], seconds)``: a PDP call of one request (a request-level
-        decision) taking `seconds` — one observation of `seconds` in ``cedar_batch_duration_seconds``, one of
-        1 in ``cedar_batch_size``, one count of (action, allow/deny as ``bool(allowed)``) in
-        ``cedar_decisions_total`` — the same values as those three calls, made on the value objects they
-        update (`_histogram_values`, `_counter_value`) instead of through `Histogram.observe` and
-        `Counter.inc`."""
-        values = self._one_values.get((action, bool(allowed)))
-        if values is None:
-            values = self._one_decision_values(action, bool(allowed))
-            if values is None:  # not the library's layout this was written for: its own calls
-                self.cedar_batch.observe(seconds)
-                self.cedar_batch_size.observe(1)
-                self._cedar_child(action, bool(allowed)).inc(1)
-                return
-        duration_sum, duration_buckets, bounds, size_sum, size_bucket, count = values
-        # Histogram.observe(seconds): the sum, then the first bucket whose bound is >= seconds (none for NaN).
-        duration_sum.inc(seconds)
-        i = _bisect_left(bounds, seconds)
-        if i < len(bounds) and seconds <= bounds[i]:
-            duration_buckets[i].inc(1)
-        # Histogram.observe(1) of the batch size: its sum and the first bucket whose bound is >= 1, found once.
-        size_sum.inc(1)
-        size_bucket.inc(1)
-        count.inc(1)  # Counter.inc(1) of the bound (action, decision) child
-
-    def _one_decision_values(self, action: str, allowed: bool) -> tuple[Any, ...] | None:
-        """The value objects `observe_cedar_one` updates for (`action`, `allowed`), kept: (duration sum,
-        duration buckets, their upper bounds, size sum, the size bucket of 1, the decision count); None
-        (nothing kept) when a family does not have the layout `_histogram_values` / `_counter_value` know."""
-        duration = self._batch_duration_values
-        size = self._batch_size_values
-        count = _counter_value(self._cedar_child(action, allowed))
-        if duration is None or size is None or count is None:
-            return None
-        size_sum, size_buckets, size_bounds = size
-        one = _bisect_left(size_bounds, 1)
-        if not (one < len(size_bounds) and 1 <= size_bounds[one]):
-            return None
-        values = self._one_values[(action, allowed)] = (*duration, size_sum, size_buckets[one], count)
-        return values
+        decision, ``bool(allowed)``) taking `seconds`."""
+        self.cedar_batch.observe(seconds)
+        self.cedar_batch_size.observe(1)
+        self._cedar_child(action, bool(allowed)).inc()
 
     def set_policy_set(self, sha256: str) -> None:
         self.policy_set.clear()
@@ -295,32 +220,6 @@ class _DecisionLogCollector(Collector):
         buffered.add_metric([], stats["buffered"])
         yield from (shipped, dropped, errors, buffered)
 
-
-def _histogram_values(histogram: Any) -> tuple[Any, tuple[Any, ...], tuple[float, ...]] | None:
-    """(sum, buckets, upper bounds) of a label-less prometheus-client `Histogram` (or a bound child), the
-    value objects its ``observe(amount)`` updates: the sum by `amount`, then the first bucket whose bound is
-    >= `amount` by 1 (none for NaN; the layout of prometheus-client 0.2x, ``_sum``, ``_buckets`` and
-    ``_upper_bounds`` — floats, ascending, ending with +Inf — each value with ``inc``). None when `histogram`
-    does not have that layout, or is a parent missing its label values (then the caller calls ``observe``)."""
-    try:
-        bounds, buckets, total = tuple(histogram._upper_bounds), tuple(histogram._buckets), histogram._sum
-        observable = histogram._is_observable()
-    except (AttributeError, TypeError):
-        return None
-    if (not observable or not bounds or len(buckets) != len(bounds) or any(type(b) is not float for b in bounds)
-            or bounds[-1] != float("inf") or list(bounds) != sorted(bounds)
-            or not all(callable(getattr(v, "inc", None)) for v in (total, *buckets))):
-        return None
-    return total, buckets, bounds
-
-
-def _counter_value(counter: Any) -> Any:
-    """The value object a label-less prometheus-client `Counter` (or a bound child) increments by 1 in
-    ``inc()`` (``_value``, with ``inc``: prometheus-client 0.2x), or None when it has none or is a parent
-    still missing its label values (whose ``inc`` raises)."""
-    value = getattr(counter, "_value", None)
-    observable = getattr(counter, "_is_observable", None)
-    return value if callable(observable) and observable() and callable(getattr(value, "inc", None)) else None
 
 
 class InstrumentedLedger:

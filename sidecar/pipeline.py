@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from types import CoroutineType
 from typing import Any
 
 import structlog
@@ -155,25 +154,12 @@ class Pipeline:
         while True:
             # asyncio.timeout, not wait_for: no task per receive (wait_for wraps the coroutine in one).
             # At or past the deadline it is a timeout, as wait_for's zero timeout was.
-            # A receive() that has its message already (uvicorn holds the whole body) finishes without
-            # suspending, and a timeout can only interrupt a suspension: it is run up to its first one
-            # here, and only if it suspends does the rest run under the timeout (`_Resumed`).
             remaining = deadline - time.monotonic()
             try:
                 if remaining <= 0:
                     raise TimeoutError
-                pending = receive()
-                if type(pending) is CoroutineType:
-                    try:
-                        suspended_on = pending.send(None)
-                    except StopIteration as done:
-                        message = done.value
-                    else:
-                        async with asyncio.timeout(deadline - time.monotonic()):
-                            message = await _Resumed(pending, suspended_on)
-                else:
-                    async with asyncio.timeout(remaining):
-                        message = await pending
+                async with asyncio.timeout(remaining):
+                    message = await receive()
             except TimeoutError as exc:
                 raise RequestTimeout(f"request body not received within {self.body_timeout_s:g} s "
                                      "(MEMWARDEN_BODY_TIMEOUT_S)") from exc
@@ -186,37 +172,3 @@ class Pipeline:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
-
-
-class _Resumed:
-    """Awaiting it continues `coro`, a coroutine already run by hand up to its first suspension, which
-    yielded `first` (what it awaits, e.g. an asyncio future): `first` is handed to the task first, then
-    every resumption (`send`) and every exception thrown in (`throw`: a cancellation, a timeout) goes to
-    `coro` — what ``await coro`` would have done from there on."""
-
-    __slots__ = ("coro", "first", "started")
-
-    def __init__(self, coro: Any, first: Any) -> None:
-        self.coro, self.first, self.started = coro, first, False
-
-    def __await__(self) -> "_Resumed":
-        return self
-
-    def __iter__(self) -> "_Resumed":
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: Any) -> Any:
-        if not self.started:
-            self.started = True
-            return self.first
-        return self.coro.send(value)
-
-    def throw(self, *exc: Any) -> Any:
-        self.started = True
-        return self.coro.throw(*exc)
-
-    def close(self) -> None:
-        self.coro.close()

@@ -103,7 +103,7 @@ REQUEST_TIMEOUT = _response(408, "request_timeout", "request headers not receive
 OVERLOADED = _response(503, "overloaded", "too many connections; retry")
 
 
-_COALESCE_MAX = 256 * 1024  # bytes: a longer write is not joined to the held one
+COALESCE_MAX = 256 * 1024  # bytes: a longer write is not joined to the held one
 
 
 class CoalescingTransport:
@@ -143,7 +143,7 @@ class CoalescingTransport:
         if held is None:
             self._held = bytes(data)
             self._loop.call_soon(self.flush)
-        elif len(data) > _COALESCE_MAX:  # a large body is not copied: two writes, in order
+        elif len(data) > COALESCE_MAX:  # a large body is not copied: two writes, in order
             self._held = None
             self._transport.write(held)
             self._transport.write(data)

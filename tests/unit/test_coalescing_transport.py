@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sidecar.server import _COALESCE_MAX, CoalescingTransport
+from sidecar.server import COALESCE_MAX, CoalescingTransport
 
 
 class Recorder:
@@ -48,8 +48,8 @@ def test_head_and_body_leave_in_one_write_in_order() -> None:
         await asyncio.sleep(0)  # the flush of the coalesced pair found nothing more to send
         assert len(raw.writes) == 2
         t.write(b"x")
-        t.write(b"y" * (_COALESCE_MAX + 1))
-        assert raw.writes[2:] == [b"x", b"y" * (_COALESCE_MAX + 1)]
+        t.write(b"y" * (COALESCE_MAX + 1))
+        assert raw.writes[2:] == [b"x", b"y" * (COALESCE_MAX + 1)]
         t.write(b"before close")
         t.close()
         assert raw.writes[-1] == b"before close" and raw.events == ["close"]

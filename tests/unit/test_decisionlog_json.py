@@ -31,3 +31,21 @@ def test_unknown_objects_go_through_structlogs_fallback() -> None:
 
     rendered = structlog.processors.JSONRenderer(serializer=dumps)(None, "info", {"event": "x", "obj": Thing()})
     assert json.loads(rendered) == {"event": "x", "obj": "<thing>"}
+
+
+def test_the_renderer_writes_what_structlogs_renderer_writes() -> None:
+    """`decisionlog.Renderer` (our own `fallback` for values JSON has no form for, no private attribute of
+    structlog's renderer read anywhere) renders as ``JSONRenderer(serializer=dumps)`` with structlog's default."""
+    from sidecar.decisionlog import Renderer
+
+    class Thing:
+        def __repr__(self) -> str:
+            return "<thing>"
+
+    class Own:
+        def __structlog__(self) -> str:
+            return "own"
+
+    for event in ({"event": "x", "obj": Thing()}, {"event": "x", "obj": Own(), "n": 2 ** 70, 1: [1.5, None]}):
+        theirs = structlog.processors.JSONRenderer(serializer=dumps)(None, "info", dict(event))
+        assert Renderer()(None, "info", dict(event)) == theirs

@@ -1,6 +1,5 @@
-"""`Pipeline._read_body` runs a ``receive()`` that already has its message without an ``asyncio.timeout``
-context (up to its first suspension by hand, the rest under the timeout: `sidecar.pipeline._Resumed`).
-Against the pre-change code (kept below) on scripted ASGI receive callables — messages ready at once,
+"""`Pipeline._read_body` (each ``receive()`` awaited under ``asyncio.timeout``; issue 35 removed the
+hand-driven variant that skipped the context for a receive that did not suspend). Against the reference code (kept below) on scripted ASGI receive callables — messages ready at once,
 suspensions shorter and longer than the deadline, bare ``yield``s, a deadline already past, a
 disconnect, a body over the cap, a receive that raises — on the standard loop and on uvloop: the same
 bodies, the same errors (408 / 413 / disconnect) and the same number of receive calls."""
