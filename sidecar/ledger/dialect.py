@@ -1,0 +1,91 @@
+"""What differs between the ledger's two SQL dialects, and nothing else: the placeholder, the type of a time
+column, byte-order collation, row locks, the "readers hold this name" test, and how a list of ids or of
+(collection, id) pairs is sent (an ``IN`` list of placeholders in chunks on SQLite, one array parameter on
+PostgreSQL). `sidecar.ledger.sql.SQLLedger` writes every shared statement once over a `Dialect`.
+
+Sources: SQLite "The JSON1 extension" (``json_each``, ``json_extract``); PostgreSQL 15 manual, "Array
+Functions" (``unnest`` of several arrays), "Row and Array Comparisons" (``= ANY``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Sequence
+
+# SQLite's default limit of host parameters is 32766 (3.32+); an ``IN`` list is sent in chunks of this many.
+CHUNK = 500
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[list[Any]]:
+    """`items` in consecutive lists of at most `size` (none when `items` is empty)."""
+    for i in range(0, len(items), size):
+        yield list(items[i : i + size])
+
+
+class Dialect:
+    """One SQL dialect of the ledger (`SQLITE`, `POSTGRES`). Attributes are SQL text; methods return
+    ``(sql fragment, parameters)`` to be composed into a statement (never a placeholder substituted into text)."""
+
+    name = ""
+    ph = "?"  # the driver's placeholder (DB-API paramstyle: qmark for sqlite3, format for psycopg)
+    time_type = "INTEGER"  # the type of a UTC µs column in the migrations
+    collate_bytes = ""  # appended to an ORDER BY column for byte order (SQLite's default BINARY collation)
+    for_update = ""  # appended to a SELECT whose rows the transaction is about to change
+    # "readers (a JSON array in a TEXT column) holds the string {ph}" (`sidecar.core.visibility.sql_branches`)
+    reads_json = ""
+    readers_sorted = ""  # a row's readers, sorted and comma-joined (migration 4's fact partitions)
+
+    def marks(self, n: int) -> str:
+        """``n`` placeholders joined by commas."""
+        return ",".join([self.ph] * n)
+
+    def in_ids(self, column: str, ids: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        """``column`` is one of `ids`: one or more (condition, parameters), each to run as its own statement
+        (their results are the union); none when `ids` is empty."""
+        raise NotImplementedError
+
+    def pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
+        """A table expression (to follow ``FROM``) of the (collection, id) `pairs` in order, as columns
+        ``collection_id`` and ``row_id``, bound to one statement whatever their number."""
+        raise NotImplementedError
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    ph = "?"
+    time_type = "INTEGER"
+    collate_bytes = ""
+    for_update = ""
+    reads_json = "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)"
+    readers_sorted = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
+
+    def in_ids(self, column: str, ids: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        for chunk in chunks(ids):
+            yield f"{column} IN ({self.marks(len(chunk))})", tuple(chunk)
+
+    def pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
+        return ("(SELECT json_extract(value, '$[0]') AS collection_id, json_extract(value, '$[1]') AS row_id "
+                "FROM json_each(?)) AS pairs", (json.dumps([list(p) for p in pairs]),))
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    ph = "%s"
+    time_type = "BIGINT"
+    collate_bytes = ' COLLATE "C"'
+    for_update = " FOR UPDATE"
+    reads_json = "jsonb_exists(readers::jsonb, %s)"
+    readers_sorted = ("(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") "
+                      "FROM json_array_elements_text(rows.readers::json) AS v)")
+
+    def in_ids(self, column: str, ids: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+        if ids:
+            yield f"{column} = ANY(%s)", (list(ids),)
+
+    def pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
+        return ("unnest(%s::text[], %s::text[]) AS pairs (collection_id, row_id)",
+                ([c for c, _ in pairs], [r for _, r in pairs]))
+
+
+SQLITE = SQLiteDialect()
+POSTGRES = PostgresDialect()
