@@ -578,7 +578,7 @@ class PostgresLedger(SQLLedger):
                 cur = conn.key_cursor = conn.cursor()
             await cur.execute(_AUTHENTICATE, (key_id,))
             r = await cur.fetchone()
-            principal = check_key(r, secret)
+            principal = check_key(r, secret, now_us())
             touch = _stale_use(r) if principal is not None else None
             if touch is not None:
                 try:
@@ -744,7 +744,7 @@ class PostgresLedger(SQLLedger):
             if cur is None:
                 cur = conn.key_cursor = conn.cursor()
             r = cur.execute(_AUTHENTICATE, (key_id,)).fetchone()
-            principal = check_key(r, secret)
+            principal = check_key(r, secret, now_us())
             touch = _stale_use(r) if principal is not None else None
             if touch is not None:
                 try:

@@ -125,15 +125,15 @@ def key_from_db(r: Any) -> KeyRecord:
                      r["revoked_at"], tuple(json.loads(r["roles"])), r["expires_at"], r["last_used_at"], r["rotated_to"])
 
 
-def check_key(r: Any, secret: str) -> Principal | None:
+def check_key(r: Any, secret: str, now: int) -> Principal | None:
     """The principal of ``api_keys`` row `r` (None: no such key) if `secret` is its secret and it is neither revoked
-    nor expired; None otherwise. Constant-time comparison, and the same work for an unknown key."""
+    nor expired at `now` (UTC µs); None otherwise. Constant-time comparison, and the same work for an unknown key."""
     if r is None:
         hmac.compare_digest(hash_secret(b"\0" * 16, secret), "0" * 64)
         return None
     if not hmac.compare_digest(hash_secret(bytes.fromhex(r["salt"]), secret), r["hash"]):
         return None
-    if not key_row_valid(r["revoked_at"], r["expires_at"], now_us()):
+    if not key_row_valid(r["revoked_at"], r["expires_at"], now):
         return None
     return key_from_db(r).principal()
 

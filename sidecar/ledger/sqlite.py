@@ -188,8 +188,8 @@ class SQLiteLedger(SQLLedger):
         key_id, secret = parsed
         with self._lock:
             r = self._db.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
-        principal = check_key(r, secret)
         now = now_us()
+        principal = check_key(r, secret, now)
         if principal is not None and use_is_stale(r, now):
             self._touch_key(key_id, now)
         return principal
