@@ -64,8 +64,21 @@ class SQLiteDialect(Dialect):
             yield f"{column} IN ({self.marks(len(chunk))})", tuple(chunk)
 
     def pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
-        return ("(SELECT json_extract(value, '$[0]') AS collection_id, json_extract(value, '$[1]') AS row_id "
-                "FROM json_each(?)) AS pairs", (json.dumps([list(p) for p in pairs]),))
+        """One JSON array parameter (``json_each``); where JSON would not carry the pairs exactly (a value that is
+        not a ``str``, holds NUL — ``json_each`` ends a string there — or is not UTF-8: a lone surrogate) a
+        ``VALUES`` list of bound parameters instead, whose binding raises as any other statement's would (and which
+        holds at most SQLite's limit of parameters, 16,383 pairs by default; more raise ``OperationalError``)."""
+        try:
+            if all(type(c) is str and type(r) is str and "\x00" not in c and "\x00" not in r for c, r in pairs):
+                text = json.dumps([list(p) for p in pairs], ensure_ascii=False)
+                text.encode("utf-8")
+                return ("(SELECT json_extract(value, '$[0]') AS collection_id, json_extract(value, '$[1]') AS row_id "
+                        "FROM json_each(?)) AS pairs", (text,))
+        except UnicodeEncodeError:
+            pass
+        values = ", ".join(["(?, ?)"] * len(pairs))
+        return (f"(SELECT column1 AS collection_id, column2 AS row_id FROM (VALUES {values})) AS pairs",
+                tuple(x for p in pairs for x in p))
 
 
 class PostgresDialect(Dialect):
