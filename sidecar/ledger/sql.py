@@ -366,6 +366,8 @@ class SQLLedger:
     def agent_entities(self, agent_uids: set[str]) -> dict[str, dict[str, Any]]:
         """Cedar entities of the known agents among `agent_uids`."""
         out: dict[str, dict[str, Any]] = {}
+        if not agent_uids:
+            return out
         with self._conn() as db:
             for cond, args in self.dialect.in_ids("agent_uid", sorted(agent_uids)):
                 for r in db.execute(f"SELECT * FROM agents WHERE {cond}", args).fetchall():
@@ -449,6 +451,8 @@ class SQLLedger:
         """Ledger rows for `row_ids` (any status, including pending and deleted), by row id."""
         p = self.dialect.ph
         out: dict[str, Row] = {}
+        if not row_ids:
+            return out
         with self._conn() as db:
             for cond, args in self.dialect.in_ids("row_id", list(dict.fromkeys(row_ids))):
                 for r in db.execute(f"SELECT {ROW_COLUMNS} FROM rows WHERE backend = {p} AND collection_id = {p} "
