@@ -44,6 +44,13 @@ class Dialect:
         (their results are the union); none when `ids` is empty."""
         raise NotImplementedError
 
+    def lookup(self, table: str, alias: str, on: str, index: str | None = None, outer: bool = True) -> str:
+        """A join (``LEFT JOIN`` when `outer`) of `table` as `alias` on condition `on` (over `alias`'s columns and
+        the preceding FROM items), each row of the left side looked up through an index of `table` (`index` when
+        named, else the one `on` matches), whatever the planner's statistics (the graph walks: a step reads the edges of the nodes it reached, never every edge of
+        the backend)."""
+        raise NotImplementedError
+
     def pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[str, tuple[Any, ...]]:
         """A table expression (to follow ``FROM``) of the (collection, id) `pairs` in order, as columns
         ``collection_id`` and ``row_id``, bound to one statement whatever their number."""
@@ -58,6 +65,13 @@ class SQLiteDialect(Dialect):
     for_update = ""
     reads_json = "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)"
     readers_sorted = "(SELECT group_concat(value, ',') FROM (SELECT value FROM json_each(rows.readers) ORDER BY value))"
+
+    def lookup(self, table: str, alias: str, on: str, index: str | None = None, outer: bool = True) -> str:
+        """``INDEXED BY``: without statistics SQLite's planner reads a recursive step's edges through the primary
+        key's ``backend`` prefix (every edge of the backend at each step; measured: a 601-row closure 3.6 s instead
+        of 24 ms)."""
+        hint = f" INDEXED BY {index}" if index else ""
+        return f"{'LEFT JOIN' if outer else 'JOIN'} {table} AS {alias}{hint} ON {on}"
 
     def in_ids(self, column: str, ids: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         for chunk in chunks(ids):
@@ -90,6 +104,13 @@ class PostgresDialect(Dialect):
     reads_json = "jsonb_exists(readers::jsonb, %s)"
     readers_sorted = ("(SELECT string_agg(v, ',' ORDER BY v COLLATE \"C\") "
                       "FROM json_array_elements_text(rows.readers::json) AS v)")
+
+    def lookup(self, table: str, alias: str, on: str, index: str | None = None, outer: bool = True) -> str:
+        """``LATERAL`` over a subquery the planner may not pull up (``OFFSET 0``): a nested loop of index scans,
+        where it would otherwise hash every row of the backend's `table` (it cannot estimate a recursive CTE's rows;
+        measured on a 2,700-edge ledger without statistics: a lineage of 4 nodes 11.8 ms by hash joins)."""
+        return (f"{'LEFT JOIN' if outer else 'JOIN'} LATERAL (SELECT * FROM {table} AS {alias} WHERE {on} OFFSET 0) "
+                f"AS {alias} ON true")
 
     def in_ids(self, column: str, ids: Sequence[Any]) -> Iterator[tuple[str, tuple[Any, ...]]]:
         if ids:

@@ -705,33 +705,34 @@ class SQLLedger:
             else:
                 order = seeds
             pairs, pair_args = d.pairs(order)
+            row = f"r.backend = {p} AND r.collection_id = pairs.collection_id AND r.row_id = pairs.row_id"
             db.execute(f"INSERT INTO forgotten_content (tenant, content_hmac, deleted_at) SELECT DISTINCT r.tenant, "
-                       f"r.content_hmac, {p} FROM {pairs} JOIN rows AS r ON r.backend = {p} AND "
-                       "r.collection_id = pairs.collection_id AND r.row_id = pairs.row_id "
+                       f"r.content_hmac, {p} FROM {pairs} {d.lookup('rows', 'r', row, outer=False)} "
                        "WHERE r.content_hmac IS NOT NULL AND r.content_hmac != '' "
                        "ON CONFLICT (tenant, content_hmac) DO NOTHING", (t, *pair_args, backend))
             db.execute(f"INSERT INTO tombstones (backend, collection_id, row_id, deleted_at, deleted_by, request_id) "
                        f"SELECT {p}, pairs.collection_id, pairs.row_id, {p}, {p}, {p} FROM {pairs} WHERE true "
                        "ON CONFLICT DO NOTHING", (backend, t, by, request_id, *pair_args))
-            db.execute(f"UPDATE rows SET status = 'deleted', updated_at = {p} FROM {pairs} WHERE rows.backend = {p} "
-                       "AND rows.collection_id = pairs.collection_id AND rows.row_id = pairs.row_id",
-                       (t, *pair_args, backend))
+            db.execute(f"UPDATE rows SET status = 'deleted', updated_at = {p} WHERE backend = {p} "
+                       f"AND (collection_id, row_id) IN (SELECT collection_id, row_id FROM {pairs})",
+                       (t, backend, *pair_args))
         return order
 
     def _descendants(self, db: Any, backend: str, seeds: list[tuple[str, str]]
                      ) -> dict[tuple[str, str], list[tuple[str, str]]]:
         """The rows derived from `seeds`, transitively, in one statement: each reached node → the rows derived
         from it directly (ordered by collection and id)."""
-        p = self.dialect.ph
-        pairs, pair_args = self.dialect.pairs(seeds)
+        d = self.dialect
+        p = d.ph
+        pairs, pair_args = d.pairs(seeds)
+        derived = f"l.backend = {p} AND l.parent_collection_id = reach.collection_id AND l.parent_row_id = reach.row_id"
         rows = db.execute(
             "WITH RECURSIVE reach (collection_id, row_id) AS ("
             f"SELECT collection_id, row_id FROM {pairs} "
-            "UNION SELECT l.collection_id, l.row_id FROM lineage AS l JOIN reach "
-            f"ON l.backend = {p} AND l.parent_collection_id = reach.collection_id AND l.parent_row_id = reach.row_id) "
+            "UNION SELECT l.collection_id, l.row_id FROM reach "
+            f"{d.lookup('lineage', 'l', derived, 'lineage_parent', outer=False)}) "
             "SELECT reach.collection_id AS n_collection, reach.row_id AS n_row, l.collection_id AS c_collection, "
-            f"l.row_id AS c_row FROM reach LEFT JOIN lineage AS l ON l.backend = {p} "
-            "AND l.parent_collection_id = reach.collection_id AND l.parent_row_id = reach.row_id "
+            f"l.row_id AS c_row FROM reach {d.lookup('lineage', 'l', derived, 'lineage_parent')} "
             "ORDER BY n_collection, n_row, c_collection, c_row", (*pair_args, backend, backend)).fetchall()
         out: dict[tuple[str, str], list[tuple[str, str]]] = {}
         for r in rows:
@@ -745,18 +746,21 @@ class SQLLedger:
         """Ancestors of a row, breadth first from it (depth 0): (depth, ledger row or None, (collection, id), its
         parents ordered by collection and id), at most `max_nodes`. One statement reads the whole ancestry
         (``WITH RECURSIVE``; a cycle ends)."""
-        p = self.dialect.ph
+        d = self.dialect
+        p = d.ph
         columns = ", ".join(f"r.{c.strip()}" for c in ROW_COLUMNS.split(","))
+        edges = f"l.backend = {p} AND l.collection_id = up.collection_id AND l.row_id = up.row_id"
+        row = f"r.backend = {p} AND r.collection_id = up.collection_id AND r.row_id = up.row_id"
         with self._conn() as db:
             found = db.execute(
                 "WITH RECURSIVE up (collection_id, row_id) AS ("
                 f"SELECT CAST({p} AS TEXT), CAST({p} AS TEXT) "
-                "UNION SELECT l.parent_collection_id, l.parent_row_id FROM lineage AS l JOIN up "
-                f"ON l.backend = {p} AND l.collection_id = up.collection_id AND l.row_id = up.row_id) "
+                f"UNION SELECT l.parent_collection_id, l.parent_row_id FROM up "
+                f"{d.lookup('lineage', 'l', edges, outer=False)}) "
                 "SELECT up.collection_id AS n_collection, up.row_id AS n_row, l.parent_collection_id AS p_collection, "
                 f"l.parent_row_id AS p_row, {columns} FROM up "
-                f"LEFT JOIN lineage AS l ON l.backend = {p} AND l.collection_id = up.collection_id AND l.row_id = up.row_id "
-                f"LEFT JOIN rows AS r ON r.backend = {p} AND r.collection_id = up.collection_id AND r.row_id = up.row_id "
+                f"{d.lookup('lineage', 'l', edges)} "
+                f"{d.lookup('rows', 'r', row)} "
                 "ORDER BY n_collection, n_row, p_collection, p_row",
                 (collection_id, row_id, backend, backend, backend)).fetchall()
         parents: dict[tuple[str, str], list[tuple[str, str]]] = {}
