@@ -28,7 +28,9 @@ from typing import Callable
 
 from sidecar.governance import Row
 from sidecar.ledger.cache import CachingLedger
-from sidecar.ledger.sqlite import _ROW_COLUMNS, SQLiteLedger, _chunks, _row_from_db
+from sidecar.ledger.sqlite import SQLiteLedger
+from sidecar.ledger.sql import ROW_COLUMNS as _ROW_COLUMNS, row_from_db as _row_from_db
+from sidecar.ledger.dialect import chunks as _chunks
 
 
 def pair_us(old: Callable[[], object], new: Callable[[], object], n: int, repeat: int = 9) -> tuple[float, float]:

@@ -35,7 +35,7 @@ import psycopg
 
 from sidecar.errors import LedgerUnavailable
 from sidecar.governance import Principal, Row
-from sidecar.ledger.sqlite import Reader, VisibleRows
+from sidecar.ledger.sql import Reader, VisibleRows
 
 T = TypeVar("T")
 

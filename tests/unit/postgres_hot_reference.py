@@ -12,8 +12,9 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from sidecar.governance import Principal, Row
-from sidecar.ledger.base import parse_key
+from sidecar.ledger.base import now_us, parse_key
 from sidecar.ledger.postgres import _READ_ROWS, _READ_ROWS_BINARY_IDS, PostgresLedger
+from sidecar.ledger.sql import check_key
 
 
 def _read_rows_query(ids: list[Any]) -> str:
@@ -41,7 +42,7 @@ async def authenticate_async(self: PostgresLedger, plaintext: str) -> Principal 
     async with _aconn(self) as db:
         cur = await db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,))
         r = await cur.fetchone()
-    return self._check_key(r, secret)  # noqa: SLF001
+    return check_key(r, secret, now_us())
 
 
 async def read_rows_async(self: PostgresLedger, backend: str, collection_id: str, row_ids: list[str],
@@ -123,4 +124,4 @@ def authenticate(self: PostgresLedger, plaintext: str) -> Principal | None:
     key_id, secret = parsed
     with self._conn() as db:  # noqa: SLF001
         r = db.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,)).fetchone()
-    return self._check_key(r, secret)  # noqa: SLF001
+    return check_key(r, secret, now_us())

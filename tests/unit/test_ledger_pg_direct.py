@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sidecar.governance import Row
 from sidecar.ledger import postgres
 from sidecar.ledger.postgres import PostgresLedger, _direct_params, _text_array
-from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, _row_to_db
+from sidecar.ledger.sql import N_ROW_COLUMNS as _N_ROW_COLUMNS, ROW_COLUMNS as _ROW_COLUMNS, row_to_db as _row_to_db
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 from tests.unit.postgres_direct_reference import reference_read_rows
 

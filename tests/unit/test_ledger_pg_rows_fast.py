@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar.governance import Row, agent_entity
 from sidecar.ledger.postgres import _READ_ROWS, PostgresLedger
-from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, _row_from_db, _row_to_db
+from sidecar.ledger.sql import N_ROW_COLUMNS as _N_ROW_COLUMNS, ROW_COLUMNS as _ROW_COLUMNS, row_from_db as _row_from_db, row_to_db as _row_to_db
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 
 # PostgreSQL text holds neither NUL nor lone surrogates

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.governance import Row
-from sidecar.ledger.sqlite import _ROW_COLUMNS, _N_ROW_COLUMNS, SQLiteLedger, _row_from_db, _row_from_tuple, _row_to_db
+from sidecar.ledger.sqlite import SQLiteLedger
+from sidecar.ledger.sql import ROW_COLUMNS as _ROW_COLUMNS, N_ROW_COLUMNS as _N_ROW_COLUMNS, row_from_db as _row_from_db, row_from_tuple as _row_from_tuple, row_to_db as _row_to_db
 
 text = st.text(max_size=12)
 opt_text = st.none() | text

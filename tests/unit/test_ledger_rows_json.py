@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.governance import Row
-from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, SQLiteLedger
+from sidecar.ledger.sqlite import SQLiteLedger
+from sidecar.ledger.sql import N_ROW_COLUMNS as _N_ROW_COLUMNS, ROW_COLUMNS as _ROW_COLUMNS
 from tests.unit import ledger_rows_reference as reference
 
 COLUMNS = [c.strip() for c in _ROW_COLUMNS.split(",")]

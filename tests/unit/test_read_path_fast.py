@@ -22,7 +22,7 @@ from invariants.classes import analyse
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row
 from sidecar.ledger import SQLiteLedger
-from sidecar.ledger.sqlite import _ROW_COLUMNS, _N_ROW_COLUMNS, _row_to_db
+from sidecar.ledger.sql import ROW_COLUMNS as _ROW_COLUMNS, N_ROW_COLUMNS as _N_ROW_COLUMNS, row_to_db as _row_to_db
 from sidecar.policy import CedarRequest, Decision, PolicyEngine, canonical_json
 from sidecar.stages import authorize
 from tests.unit.authorize_reference import Authorizer_fe121ba, refused_ids

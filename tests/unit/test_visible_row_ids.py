@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from sidecar.backends.chroma import visibility_reader
 from sidecar.governance import Principal, Row
 from sidecar.ledger.postgres import PostgresLedger
-from sidecar.ledger.sqlite import _N_ROW_COLUMNS, _ROW_COLUMNS, SQLiteLedger, _row_to_db
+from sidecar.ledger.sqlite import SQLiteLedger
+from sidecar.ledger.sql import N_ROW_COLUMNS as _N_ROW_COLUMNS, ROW_COLUMNS as _ROW_COLUMNS, row_to_db as _row_to_db
 from sidecar.planner import admitted_count
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 
@@ -153,13 +154,13 @@ def test_sqlite_file_roundtrip(tmp_path: Path) -> None:
 def test_sqlite_reads_the_visibility_indexes_not_the_collection(tmp_path: Path) -> None:
     """Each branch of the statement is a range of its scope's partial index (migration 8), so its cost follows
     the rows admitted, not the collection's size: no branch scans the table."""
-    from sidecar.ledger.sqlite import _visible_ids_query
+    from sidecar.ledger.dialect import SQLITE
+    from sidecar.ledger.sql import visible_ids_query as _visible_ids_query
 
     led = SQLiteLedger(tmp_path / "l.db")
     try:
         for any_fleet in (False, True):
-            sql, args = _visible_ids_query("?", "EXISTS (SELECT 1 FROM json_each(rows.readers) WHERE value = ?)",
-                                           "chroma", "c", "t", ("t/f/a", "f", any_fleet), 10)
+            sql, args = _visible_ids_query(SQLITE, "chroma", "c", "t", ("t/f/a", "f", any_fleet), 10)
             plan = [r[3] for r in led._db.execute("EXPLAIN QUERY PLAN " + sql, args)]  # noqa: SLF001
             used = {name for name in ("rows_visible_tenant", "rows_visible_agent", "rows_visible_fleet",
                                       "rows_visible_restricted") if any(name in line for line in plan)}
