@@ -24,7 +24,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check sidecar invariants tests bench evaluation
 	$(BIN)/mypy sidecar/core invariants
-	$(BIN)/pytest
+	# two workers (the CI machine's cores), whole files per worker so module fixtures start once; a random
+	# order every run (pytest-randomly prints the seed: re-run one with -p randomly --randomly-seed=N)
+	$(BIN)/pytest -n 2 --dist loadfile
 
 serve: $(STAMP)
 	$(BIN)/memwarden-eval stack
