@@ -191,6 +191,7 @@ def serve(
     from sidecar.server import ConnectionLimits, guarded_protocol
 
     limits = ConnectionLimits(idle_timeout_s=settings.idle_timeout_s, header_timeout_s=settings.header_timeout_s,
+                              max_head_bytes=settings.max_head_bytes,
                               max_connections=settings.max_connections,
                               max_pipelined_requests=settings.max_pipelined_requests,
                               max_unsent_bytes=settings.max_unsent_bytes, write_timeout_s=settings.write_timeout_s)

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     # -- connections (sidecar/server.py) ---------------------------------------------------------
     idle_timeout_s: float = Field(default=5.0, gt=0, description="a connection sending nothing for this long between requests is closed, seconds")
     header_timeout_s: float = Field(default=10.0, gt=0, description="request line and headers must arrive within this time, seconds (408)")
+    max_head_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024,
+                                description="a request line and headers longer than this are answered 431 and the "
+                                            "connection closed, bytes")
     body_timeout_s: float = Field(default=30.0, gt=0, description="the whole request body must arrive within this time, seconds (408)")
     max_connections: int = Field(default=512, ge=1, description="open client connections at most; keep below the fd limit (ulimit -n)")
     max_inflight_requests: int = Field(default=256, ge=1, description="requests processed at once at most; more are answered 503")

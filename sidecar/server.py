@@ -18,6 +18,10 @@ sizes in bytes, from `Settings`):
   this long is closed (no response: there is no request to answer);
 - ``header_timeout_s``: from the first byte of a request, the request line and every header must have
   arrived within this time, else ``408`` and close (slowloris);
+- ``max_head_bytes``: a request's line and headers (its head, up to the CRLF CRLF) longer than this are
+  answered ``431`` and the connection closed, before the rest arrives (the parser buffers a header until it is
+  complete, so without a bound one header could take any amount of memory within the header deadline; Envoy's
+  default is 60 KiB, Node's 16 KiB);
 - ``max_pipelined_requests``: at most this many requests of one connection are outstanding (begun and not
   yet answered: running, queued behind the one running, or still arriving). Received bytes are handed to
   the parser in steps that cannot begin more requests than the room left (a request is at least
@@ -82,6 +86,7 @@ class ConnectionLimits:
 
     idle_timeout_s: float = 5.0
     header_timeout_s: float = 10.0
+    max_head_bytes: int = 64 * 1024
     max_connections: int = 512
     max_pipelined_requests: int = 16
     max_unsent_bytes: int = 256 * 1024
@@ -101,6 +106,8 @@ def _response(status: int, reason: str, message: str) -> bytes:
 
 REQUEST_TIMEOUT = _response(408, "request_timeout", "request headers not received in time")
 OVERLOADED = _response(503, "overloaded", "too many connections; retry")
+LINGER_S = 2.0  # seconds a connection answered 431 reads and drops input before it is closed
+HEAD_TOO_LARGE = _response(431, "request_header_fields_too_large", "request line and headers exceed the size limit")
 
 
 COALESCE_MAX = 256 * 1024  # bytes: a longer write is not joined to the held one
@@ -163,6 +170,11 @@ class CoalescingTransport:
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
+
+    def write_eof(self) -> None:
+        """Send what is held, then end the output (half-close: reading goes on)."""
+        self.flush()
+        self._transport.write_eof()
 
     def close(self) -> None:
         self.flush()
@@ -248,6 +260,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             self._timer_at = 0.0
             self._waiting_since = time.monotonic()
             self._in_headers = False  # a request's first byte has been parsed and its headers have not all come
+            self._head_bytes = 0  # bytes of the head being parsed (while `_in_headers`), bounded by max_head_bytes
+            self._discarding = False  # a 431 was sent: input is dropped until the connection closes
             self._in_body = False  # a request's headers have been parsed and its body has not all come
             # The pipelining and output bounds.
             self._outstanding = 0  # requests begun (first byte parsed) whose response has not completed
@@ -310,6 +324,35 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                 self.transport.write(REQUEST_TIMEOUT)
                 self.transport.close()
 
+        def _head_too_large(self) -> None:
+            """The head being parsed is over `max_head_bytes`: 431, then a lingering close. Nothing more of the
+            connection is parsed; what the client still sends is read and dropped (so closing with unread input
+            does not reset the connection before the client reads the 431) until it stops or
+            `LINGER_S` passed, then the connection is closed. Without a half-close (TLS) it is closed at once; with
+            earlier requests of the connection still unanswered it is aborted (their answers would follow the 431).
+            """
+            self._discarding = True
+            self._input = None
+            transport = self.transport
+            if transport.is_closing():
+                return
+            self.logger.warning("request head over %d bytes: 431", self._limits.max_head_bytes)
+            if self._outstanding > 1:  # answers of earlier requests still to come: a 431 now would precede them
+                self._disarm()
+                transport.abort()
+                return
+            transport.write(HEAD_TOO_LARGE)
+            try:
+                half_close = transport.can_write_eof()
+            except NotImplementedError:  # a transport that does not say (asyncio.Transport's default)
+                half_close = False
+            if not half_close:
+                transport.close()
+                return
+            transport.write_eof()
+            transport.hold_reading(False)
+            self._arm(LINGER_S, transport.close)
+
         def _evictable(self) -> bool:
             """No request in flight (every request begun is answered, but one whose headers are arriving),
             and not closing already."""
@@ -348,6 +391,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
 
         # -- reading, in bounded steps -----------------------------------------------------------------
         def data_received(self, data: bytes) -> None:
+            if self._discarding:  # after a 431: read and dropped until the lingering close
+                return
             if self._input is not None:  # bytes are held back: these queue behind them (reading is paused, but
                 # a transport may still hand over what it had already read)
                 self._input = self._input[self._input_at:] + data
@@ -390,6 +435,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
                         view = memoryview(data)
                     chunk = view[start:stop]
                 start = stop
+                if self._in_headers:
+                    self._head_bytes += len(chunk)
+                    if self._head_bytes > self._limits.max_head_bytes:
+                        self._head_too_large()
+                        return
                 try:
                     self.parser.feed_data(chunk)
                 except httptools.HttpParserError:
@@ -458,6 +508,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
             super().on_message_begin()
             self._outstanding += 1
             self._in_headers = True
+            self._head_bytes = 0
             self._waiting_since = time.monotonic()
             self._arm(self._limits.header_timeout_s, self._headers_too_slow)
 

@@ -305,3 +305,58 @@ def test_settings_defaults_and_refusals(monkeypatch: pytest.MonkeyPatch, tmp_pat
         monkeypatch.delenv(f"MEMWARDEN_{name}")
     with pytest.raises(ValueError, match="write_timeout_s"):
         server.ConnectionLimits(write_timeout_s=0)
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+@pytest.mark.parametrize("shape", ["one-header", "many-headers", "long-target", "trickled"])
+def test_a_head_over_max_head_bytes_is_431_and_closed(kind: str, shape: str) -> None:
+    """A request line and headers over ``max_head_bytes`` are answered 431 and the connection closed, the app
+    never called, while the client is still sending (the parser would otherwise buffer a header whatever its
+    size until the header deadline); a head just under the bound, and requests pipelined before the long one,
+    are answered."""
+    bound = 8 * 1024
+
+    async def main() -> None:
+        served = Served()
+        port = await served.start(limits(idle_timeout_s=60, header_timeout_s=60, max_head_bytes=bound))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            fits = f"GET /fits HTTP/1.1\r\nhost: x\r\nx-pad: {'a' * (bound - 200)}\r\n\r\n".encode()
+            assert len(fits) < bound
+            writer.write(get("/before") + fits)
+            received = b""
+            while received.count(b"HTTP/1.1 200 OK\r\n") < 2 or not received.endswith(b"/fits"):
+                chunk = await asyncio.wait_for(reader.read(65536), 20)
+                assert chunk, received
+                received += chunk
+            long_head = {"one-header": b"GET /long HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (4 * 1024 * 1024),
+                         "many-headers": b"GET /long HTTP/1.1\r\nhost: x\r\n" + b"x-h: 0123456789\r\n" * 200_000,
+                         "long-target": b"GET /" + b"a" * (4 * 1024 * 1024),
+                         "trickled": b"GET /long HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * (bound + 4096)}[shape]
+            try:
+                if shape == "trickled":  # in small sends, each parsed on its own
+                    for i in range(0, len(long_head), 512):
+                        writer.write(long_head[i:i + 512])
+                        await writer.drain()
+                        await asyncio.sleep(0)
+                else:
+                    writer.write(long_head)  # never finished: no CRLF CRLF
+                    await writer.drain()
+            except ConnectionError:
+                pass  # the server closed while the rest was on its way (after its lingering time)
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(reader.read(65536), 20)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                received += chunk
+            assert received.count(b"HTTP/1.1 200 OK\r\n") == 2, received[:300]
+            assert b"HTTP/1.1 431 " in received and received.rstrip().endswith(b"size limit\"}"), received[-300:]
+            assert served.seen == ["/before", "/fits"]  # the long request never reached the app
+        finally:
+            writer.close()
+            await served.stop()
+
+    run(kind, main())

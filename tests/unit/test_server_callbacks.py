@@ -115,8 +115,8 @@ def _protocol_class(kind: str) -> Any:
     if kind == "stock":
         return HttpToolsProtocol
     if kind == "guarded":
-        return server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_connections=64))
-    base = server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_connections=64,
+        return server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_head_bytes=1 << 30, max_connections=64))
+    base = server.guarded_protocol(server.ConnectionLimits(idle_timeout_s=60, header_timeout_s=60, max_head_bytes=1 << 30, max_connections=64,
                                                            max_pipelined_requests=1))
 
     class OneAtATime(base):  # type: ignore[misc, valid-type]
