@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import structlog
 
 from sidecar.backends import updates
 from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
 from sidecar.config import Settings
+from sidecar.core import deletes
+from sidecar.core.operations import Capabilities
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
@@ -342,6 +344,28 @@ def _query_result(ranked: list[list[dict[str, Any]]], include: Any, included: An
     return out
 
 
+class ChromaClient:
+    """The Chroma calls the core makes (`sidecar.core.operations.Deleter`): rows are deleted by collection UUID, many
+    ids a call; Chroma deletes missing ids with 200."""
+
+    capabilities = Capabilities(batch_delete=True, id_list_filter=True, metadata_merge=True, count=True)
+
+    def __init__(self, upstream: Upstream, ledger: Ledger) -> None:
+        self.upstream = upstream
+        self.ledger = ledger
+
+    def holds(self, collection: str) -> bool:
+        return True
+
+    async def delete(self, collection: str, ids: Sequence[str]) -> None:
+        """Chroma's delete of `ids` in collection `collection`; nothing to call when the ledger no longer registers
+        the collection (deleted with it)."""
+        rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection)
+        if rec is not None:
+            await self.upstream.call("POST", ["api", "v2", "tenants", rec.tenant, "databases", rec.database,
+                                              "collections", rec.collection_id, "delete"], json_body={"ids": list(ids)})
+
+
 class ChromaProfile:
     """Chroma v2 routes → Cedar actions, ledger updates and row filtering."""
 
@@ -353,6 +377,7 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.client = ChromaClient(upstream, ledger)
         self.content_keys = content_keys(settings.chroma_content_keys)
         authz.deferrable = self.deferrable
         # collection id → monotonic time until which its reads use the where filter, not an id list (`_pushdown`)
@@ -1568,67 +1593,19 @@ class ChromaProfile:
             )
             candidate_ids = [r["ids"] for r in candidates]
         candidate_ids = list(dict.fromkeys(candidate_ids))
-        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
-        rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
-        # Ids refused before Cedar: not governed, or tombstoned/pending (the decision log's one counting rule).
-        refused = [(i, UNKNOWN_ROW if i not in known else DELETED_ROW) for i in candidate_ids
-                   if i not in known or known[i].status not in ("active", "superseded")]
-
-        def decide() -> list[str]:
-            decisions = self.authz.decide_rows(ex, "delete", rows)
-            refused.extend((r.row_id, d.reason) for r, d in zip(rows, decisions) if not d.allowed)
-            allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
-            if ids is not None and not where and not where_document:
-                # By ids: all-or-nothing, as a write. A named row the caller may read but not delete is 403; one it
-                # cannot read is answered as a missing id (Chroma deletes missing ids with 200).
-                denied = [r.row_id for r, d in zip(rows, decisions) if not d.allowed]
-                shown = self.authz.readable(ex, BACKEND, rec.collection_id, denied, include_superseded=True,
-                                            count=False) if denied else set()
-                if shown:
-                    ex.decision, ex.deny_action = "deny", "delete"
-                    settle_rows(ex, allowed, refused)
-                    raise Forbidden(f"delete is not permitted for {len(shown)} of {len(ids)} rows")
-            return allowed
-        allowed = await offloop.call(self.ledger, decide)
-        if limit is not None:
-            allowed = allowed[:limit]
-        settle_rows(ex, allowed, refused)
-        ex.decision = "allow" if allowed or not candidate_ids else "deny"
-        if not allowed:
-            if candidate_ids:  # a delete that deletes nothing it named: refused, logged with the ids (200, as Chroma)
-                ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
-                ex.reason = refused[-1][1] if refused else ex.reason
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, rec.collection_id, candidate_ids,
+                                     by_ids=ids is not None and not where and not where_document, limit=limit)
+        if not decided.allowed:  # a refused delete, or one of missing ids: 200, as Chroma answers it
             return 200, {"deleted": 0}
-        # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
-        # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
-        by_id = {r.row_id: r for r in rows}
-        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
-                                 self.settings.deletion_closure)
-        if "after-tombstone" in self.settings.failpoints:
-            crash()
-        await self._backend_delete(closed)
-        return 200, {"deleted": len(allowed)}
-
-    async def _backend_delete(self, keys: list[tuple[str, str]]) -> int:
-        """Delete tombstoned rows from Chroma, grouped by collection; confirms each group in the ledger."""
-        by_collection: dict[str, list[str]] = {}
-        for collection_id, row_id in keys:
-            by_collection.setdefault(collection_id, []).append(row_id)
-        done = 0
-        for collection_id, row_ids in by_collection.items():
-            rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
-            if rec is not None:
-                await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
-            await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, collection_id, row_ids)
-            done += len(row_ids)
-        return done
+        return 200, {"deleted": await deletes.delete_rows(self, ex, rec.collection_id, decided.allowed, self.client)}
 
     async def reconcile(self) -> int:
         """Retry backend deletes of tombstones not yet confirmed, then look for tombstoned rows that
         reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
-        done = await self._backend_delete(await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND))
+        done = await deletes.backend_delete(self, self.client,
+                                            await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND))
         after = ("", "")
         while True:
             batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, after)

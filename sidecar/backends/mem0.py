@@ -41,13 +41,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import date, datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import structlog
 
 from sidecar.backends import updates
 from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
 from sidecar.config import Settings
+from sidecar.core import deletes
+from sidecar.core.operations import Capabilities
 from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
@@ -59,7 +61,7 @@ from sidecar.ledger.base import RowVersion
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.rowsize import check_row_size, row_bytes
-from sidecar.stages.authorize import DELETED_ROW, UNKNOWN_ROW, Authorizer, settle_rows, well_formed_rows
+from sidecar.stages.authorize import Authorizer, settle_rows, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
@@ -219,6 +221,28 @@ class Filter:
         return True
 
 
+class Mem0Client:
+    """The Mem0 calls the core makes (`sidecar.core.operations.Deleter`): one memory a delete; Mem0's 404 there
+    counts as done. It holds the rows of one deployment (ledger collection)."""
+
+    capabilities = Capabilities(server_ids=True, metadata_merge=True, history=True)
+
+    def __init__(self, upstream: Upstream, deployment: str) -> None:
+        self.upstream = upstream
+        self.deployment = deployment
+
+    def holds(self, collection: str) -> bool:
+        return collection == self.deployment  # another deployment's copy stays pending for its reconciler
+
+    async def delete(self, collection: str, ids: Sequence[str]) -> None:
+        for mid in ids:
+            try:
+                await self.upstream.call("DELETE", ["memories", mid])
+            except BackendClientError as exc:
+                if exc.status != 404:  # already gone in Mem0: the delete is done
+                    raise
+
+
 class Mem0Profile:
     """Mem0 REST routes → Cedar actions, ledger updates and row filtering."""
 
@@ -233,6 +257,7 @@ class Mem0Profile:
         self.deployment = f"{BACKEND}:{settings.mem0_deployment}"  # Deployment::"mem0:<deployment>"
         self._reappearance_cursor: tuple[str, str] = ("", "")
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.client = Mem0Client(upstream, settings.mem0_deployment)
 
     health_segments = ["configure", "providers"]
 
@@ -1094,79 +1119,27 @@ class Mem0Profile:
         return 200, {"results": kept}
 
     # -- deletes ----------------------------------------------------------------------------
-    async def _backend_delete(self, ids: list[str]) -> list[str]:
-        """Delete tombstoned memories in Mem0, per id (404 there counts as done); confirms each deleted one
-        in the ledger, also when a later one fails (the reconciler retries the rest). Returns the ids done."""
-        done: list[str] = []
-        try:
-            for mid in ids:
-                try:
-                    await self._call("DELETE", ["memories", mid])
-                except BackendClientError as exc:
-                    if exc.status != 404:  # already gone in Mem0: the delete is done
-                        raise
-                done.append(mid)
-        finally:
-            if done:
-                await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, done)
-        return done
-
-    async def _delete_rows(self, ex: Exchange, rows: list[Row]) -> int:
-        """Tombstone `rows` (each allowed Cedar ``delete``) with their deletion closure (derived memories,
-        the caller's deletable copies of the same text) durably first, then delete them in Mem0. Returns
-        len(rows)."""
-        if not rows:
-            return 0
-        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, self.coll, rows, self.settings.deletion_closure)
-        # A copy in another Mem0 deployment sharing this ledger stays pending for that deployment's reconciler.
-        await self._backend_delete([row_id for collection, row_id in closed if collection == self.coll])
-        return len(rows)
+    async def _backend_delete(self, ids: list[str]) -> int:
+        """Delete tombstoned memories of this deployment in Mem0, per id, confirming each in the ledger
+        (`sidecar.core.deletes.backend_delete`). Returns the number confirmed."""
+        return await deletes.backend_delete(self, self.client, [(self.coll, mid) for mid in ids])
 
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
-
-        def decide() -> Row:
-            row = self.ledger.get_rows(BACKEND, self.coll, [mid]).get(mid)
-            # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
-            # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
-            if row is None or row.status not in ("active", "superseded"):
-                ex.decision = "deny"
-                settle_rows(ex, [], [(mid, UNKNOWN_ROW if row is None else DELETED_ROW)])
+        # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
+        # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, self.coll, [mid], by_ids=True)
+        if not decided.allowed:
+            if decided.refused[-1][1] in deletes.BEFORE_CEDAR:
                 raise NotFound(NOT_FOUND, reason="unknown_row")
-            if self._decide_all(ex, "delete", [row]):
-                ex.decision, ex.deny_action = "deny", "delete"
-                refused = [(mid, ex.reason or "no_permit")]
-                shown = mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True, count=False)
-                settle_rows(ex, [], refused)
-                ex.reason = refused[0][1]  # the delete's denial, not the read check's
-                if shown:
-                    raise Forbidden("delete is not permitted", reason=refused[0][1])
-                raise NotFound(NOT_FOUND)
-            return row
-        row = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        ex.decision = "allow"
-        settle_rows(ex, [mid], [])
-        await self._delete_rows(ex, [row])
+            raise NotFound(NOT_FOUND)
+        await deletes.delete_rows(self, ex, self.coll, decided.allowed, self.client)
         return 200, {"message": "Memory deleted successfully"}
 
     async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
-        ids = [r["id"] for r in rows]
-
-        def decide() -> tuple[list[Row], list[tuple[str, str]]]:
-            rows = self.ledger.get_rows(BACKEND, self.coll, ids)
-            known = {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
-            candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
-            refused = [(i, UNKNOWN_ROW if i not in rows else DELETED_ROW) for i in dict.fromkeys(ids) if i not in known]
-            decisions = self.authz.decide_rows(ex, "delete", candidates)
-            refused += [(r.row_id, d.reason) for r, d in zip(candidates, decisions) if not d.allowed]
-            return [r for r, d in zip(candidates, decisions) if d.allowed], refused
-        allowed, refused = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        settle_rows(ex, [r.row_id for r in allowed], refused)
-        ex.decision = "allow" if allowed or not ids else "deny"
-        if not allowed and refused:  # deletes nothing it matched: refused, logged with the ids
-            ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
-            ex.reason = refused[-1][1]
-        return await self._delete_rows(ex, allowed)
+        ids = list(dict.fromkeys(r["id"] for r in rows))
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, self.coll, ids, by_ids=False)
+        return await deletes.delete_rows(self, ex, self.coll, decided.allowed, self.client)
 
     async def op_delete_all(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         self._require(ex, "delete_bulk")
@@ -1237,7 +1210,7 @@ class Mem0Profile:
         Returns the number of Mem0 deletes issued."""
         pending = [row_id for collection, row_id in await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND)
                    if collection == self.coll]
-        done = len(await self._backend_delete(pending))
+        done = await self._backend_delete(pending)
         checked = 0
         while checked < REAPPEARANCE_CHECKS_PER_RUN:
             batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
@@ -1257,7 +1230,7 @@ class Mem0Profile:
             if back:
                 structlog.get_logger("memwarden.reconciler").warning(
                     "tombstoned_rows_reappeared", backend=BACKEND, collection=self.coll, row_ids=back[:20], count=len(back))
-                done += len(await self._backend_delete(back))
+                done += await self._backend_delete(back)
         return done
 
     def lineage_collection(self, ex: Exchange) -> str:
