@@ -30,10 +30,9 @@ from typing import Any, Sequence
 
 import structlog
 
-from sidecar.backends import updates
-from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
+from sidecar.backends.base import OperationActions, Route, RouteTable, operation_action
 from sidecar.config import Settings
-from sidecar.core import deletes
+from sidecar.core import deletes, writes
 from sidecar.core.operations import Capabilities
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
@@ -41,7 +40,6 @@ from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendSer
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
-from sidecar.ledger.base import UpdateLost
 from sidecar.planner import QueryPlanner
 from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
@@ -828,24 +826,19 @@ class ChromaProfile:
                 for i in echoed:
                     split[i] = (split[i][0], without_echo(pre[i][1], split[i][1], views[ids[i]]))
         await offloop.call(self.ledger, check_existing)
-        # An update of existing rows holds their update markers until its ledger write (`sidecar.backends.updates`):
+        # An update of existing rows holds their update markers until its ledger write (`sidecar.core.updates`):
         # another update of one of them meanwhile is 409, and this one decides on the rows as they are now.
         existing = [i for i in dict.fromkeys(ids) if i in known]
-        if not existing:
-            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, False)
-        await updates.begin(self.ledger, self.settings, ex, BACKEND, rec.collection_id, {i: known[i] for i in existing})
-        try:
-            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, True)
-        except BaseException:
-            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, existing)
-            raise
+        return await writes.holding(self, ex, rec.collection_id, {i: known[i] for i in existing}, lambda: self._write_rows(
+            ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, existing))
 
     async def _write_rows(self, ex: Exchange, rec: CollectionRecord, op: str, body: dict[str, Any], ids: list[str],
                           metas: list[Any] | None, pre: list[Any], split: list[tuple[dict[str, Any], dict[str, Any]]],
                           documents: list[Any], texts: list[str | None], known: dict[str, Row], new_ids: list[str],
-                          held: bool) -> tuple[int, Any]:
-        """The rest of `_write`, once the rows are decided readable (and, with `held`, this request holds the update
-        markers of the existing ones, released by its ledger write or, when it changes none, at its end)."""
+                          held: list[str]) -> tuple[int, Any]:
+        """The rest of `_write`, once the rows are decided readable (this request holds the update markers of the
+        existing rows, `held`, released by its ledger write or, when it changes none, at its end): the write
+        transaction of `sidecar.core.writes.write_rows` around Chroma's write."""
         p = self._p(ex)
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
@@ -908,53 +901,9 @@ class ChromaProfile:
                 (split[i][0] if metas and metas[i] is not None else None)
                 for i in range(len(ids))
             ]
-        new_rows = [final[i] for i in new_ids]
-        conflicts = await offloop.call(self.ledger, self.ledger.reserve_rows, new_rows)
-        if conflicts:
-            raise Conflict("ids already exist")
-        try:
-            # Checked with the new rows pending (their lineage edges recorded): a concurrent delete either
-            # came first and is seen here, or its deletion closure finds them and they never activate.
-            def check_pending() -> None:
-                self.prov.check_parents(ex, new_rows)
-                self.prov.check_supersession(ex, new_rows)
-                self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
-            await offloop.call(self.ledger, check_pending)
-            await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
-        except BaseException:
-            # Submitted to its thread before anything else can run: the reservations are freed whatever
-            # happens to this task from here on.
-            await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
-            raise
-        if "activate" in self.settings.failpoints:
-            crash()
-        try:
-            await offloop.call(self.ledger, self.prov.activate, ex, rec.collection_id, new_rows)
-        except (Forbidden, Conflict):
-            # Another write replaced a fact in the meantime and this caller may not update the new one.
-            # The new rows were never served (still pending): take them back out of Chroma, free their ids.
-            try:
-                if new_ids:
-                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": new_ids})
-            finally:
-                def withdraw() -> None:
-                    self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
-                    if changed:  # updates of existing rows in this request did reach Chroma
-                        try:
-                            self.ledger.update_governance(changed, holder=ex.request_id if held else None)
-                        except UpdateLost:  # taken over (this update outlived its lease): the new one writes them
-                            pass
-                await offloop.call(self.ledger, withdraw)
-            raise
-        if changed:
-            if "update-governance" in self.settings.failpoints:
-                crash()  # the new content and its stamp are in Chroma, the ledger has the old governance
-            if held:
-                await updates.write_governance(self.ledger, ex, changed)  # the markers released with it
-            else:
-                await offloop.call(self.ledger, self.ledger.update_governance, changed)
-        elif held:
-            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, list(known))
+        await writes.write_rows(self, ex, rec.collection_id, [final[i] for i in new_ids], changed, held=held,
+                                forward=lambda: self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded),
+                                client=self.client)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 

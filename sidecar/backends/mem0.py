@@ -45,10 +45,9 @@ from typing import Any, Iterable, Sequence
 
 import structlog
 
-from sidecar.backends import updates
-from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
+from sidecar.backends.base import OperationActions, Route, RouteTable, operation_action
 from sidecar.config import Settings
-from sidecar.core import deletes
+from sidecar.core import deletes, writes
 from sidecar.core.operations import Capabilities
 from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
@@ -531,47 +530,16 @@ class Mem0Profile:
             await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, deleted_in_mem0)
         withdrawn: MemwardenError | None = None
         if added:
-            if await offloop.call(self.ledger, self.ledger.reserve_rows, added):
-                raise UpstreamError("backend reused a memory id")
-            # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now: what was
-            # checked before the Mem0 call is checked again while they are pending — a parent deleted or
-            # content forgotten meanwhile is seen here, and a later delete's closure finds the pending rows —
-            # and a single-valued fact is superseded only if this caller may update the one active now.
-            def settle() -> None:
-                self.prov.check_parents(ex, added)
-                if self.prov.forgotten(ex, added):
-                    raise Conflict("this content was deleted and may not be written again")
-                self.prov.activate(ex, self.coll, added)
-            try:
-                await offloop.call(self.ledger, settle)
-            except (Forbidden, Conflict) as exc:
-                withdrawn = exc
-            live = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, self.coll, [r.row_id for r in added])
-            status = {r.row_id: live[r.row_id].status if r.row_id in live else "missing" for r in added}
-            if withdrawn is None and any(v != "active" for v in status.values()):
-                # tombstoned by a concurrent deletion closure while pending (its deleter removes them from Mem0)
-                withdrawn = Conflict("a memory this write derives from was deleted while it was written")
+            # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now
+            # (`sidecar.core.writes.activate_new`).
+            withdrawn, tombstoned = await writes.activate_new(self, ex, self.coll, added, self.client)
+            closed += tombstoned
             if withdrawn is not None:
-                # Never served (never active): free the reservations and take the memories back out of Mem0.
-                # A memory Mem0 will not delete now is tombstoned instead, for the reconciler.
-                pending = [mid for mid, v in status.items() if v == "pending"]
-                await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, self.coll, pending)
-                stuck = []
-                for mid in pending:
-                    try:
-                        await self._call("DELETE", ["memories", mid])
-                    except BackendClientError as exc:
-                        if exc.status != 404:
-                            stuck.append(mid)
-                    except MemwardenError:
-                        stuck.append(mid)
-                if stuck:
-                    closed += await offloop.call(self.ledger, self.ledger.tombstone, BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
-                                              closure=self.settings.deletion_closure)
-                out = [e for e in out if e["id"] not in status]
+                added_ids = {r.row_id for r in added}
+                out = [e for e in out if e["id"] not in added_ids]
                 added = []
         if updated:
-            await offloop.call(self.ledger, self.ledger.update_governance, updated)
+            await writes.govern(self, ex, self.coll, updated, held=[], failpoint=False)
         done = set(deleted_in_mem0)
         await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
         if withdrawn is not None:
@@ -626,13 +594,9 @@ class Mem0Profile:
         # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
         async with self.authz.prefetched(ex, BACKEND, self.coll, [mid]):
             row, new, moved = await offloop.call(self.ledger, decide)
-        # One update of a memory at a time (`sidecar.backends.updates`): another one meanwhile is 409.
-        await updates.begin(self.ledger, self.settings, ex, BACKEND, self.coll, {mid: row})
-        try:
-            return await self._update_held(ex, mid, body, plain, text, new, moved)
-        except BaseException:
-            await updates.end(self.ledger, ex, BACKEND, self.coll, [mid])
-            raise
+        # One update of a memory at a time (`sidecar.core.updates`): another one meanwhile is 409.
+        return await writes.holding(self, ex, self.coll, {mid: row},
+                                    lambda: self._update_held(ex, mid, body, plain, text, new, moved))
 
     async def _update_held(self, ex: Exchange, mid: str, body: dict[str, Any], plain: dict[str, Any], text: Any,
                            new: Row, moved: bool) -> tuple[int, Any]:
@@ -652,11 +616,10 @@ class Mem0Profile:
                              "mw_labels": list(new.labels)})
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
-        if "update-governance" in self.settings.failpoints and (moved or isinstance(text, str)):
-            crash()  # the new text and its stamp are in Mem0, the ledger has the old governance
         # Every Mem0 update writes a history entry (a metadata-only one too): each is recorded as a version.
         event = await self._history_event(mid, new)
-        await updates.write_governance(self.ledger, ex, [new], history={mid: event})
+        await writes.govern(self, ex, self.coll, [new], held=[mid], history={mid: event},
+                            failpoint=moved or isinstance(text, str))
         return 200, result
 
     async def _history_event(self, mid: str, new: Row) -> str | None:
