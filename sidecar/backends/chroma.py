@@ -736,18 +736,6 @@ class ChromaProfile:
         self._decorate(ex, rec, shown)
         return {d["ids"]: {k: v for k, v in d["metadatas"].items() if k.startswith("mw_")} for d in shown}
 
-    def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
-        """The row after a requested scope/fleet/readers/labels change and the redistribute context; None if
-        no change."""
-        new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
-        new.scope = requested.get("mw_scope", row.scope)
-        new.fleet = requested.get("mw_fleet", row.fleet)
-        new.readers = requested.get("mw_readers", row.readers)
-        new.labels = requested.get("mw_labels", row.labels)
-        if (new.scope, new.fleet, new.readers, new.labels) == (row.scope, row.fleet, row.readers, row.labels):
-            return None
-        return new, {"target_fleet": {"__entity": {"type": "Fleet", "id": f"{p.tenant}/{new.fleet}"}}, "target_scope": new.scope}
-
     async def _write(self, ex: Exchange, params: dict[str, str], op: str) -> tuple[int, Any]:
         """add / upsert / update: authorise every row, reserve new ids, stamp, forward, then commit."""
         p = self._p(ex)
@@ -839,46 +827,30 @@ class ChromaProfile:
         """The rest of `_write`, once the rows are decided readable (this request holds the update markers of the
         existing rows, `held`, released by its ledger write or, when it changes none, at its end): the write
         transaction of `sidecar.core.writes.write_rows` around Chroma's write."""
-        p = self._p(ex)
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
-            checks: list[tuple[str, Row, dict[str, Any] | None]] = []
             final: dict[str, Row] = {}
             changed: list[Row] = []
+            pairs: list[tuple[Row, Row]] = []  # (existing row, the row after this write)
             for i, row_id in enumerate(ids):
                 requested = split[i][1]
                 if row_id in known:
                     if any(k in requested for k in WRITE_ONCE):
                         raise BadRequest(FIXED_ONCE_WRITTEN)
                     row = known[row_id]
-                    checks.append(("update", row, None))
-                    moved = self._redistributed(p, row, requested)
+                    updated = writes.with_governance(row, requested)
                     new_text = texts[i] is not None
-                    if moved is not None or new_text:
-                        updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
-                        if moved is not None:
-                            checks.append(("redistribute", row, moved[1]))
+                    if writes.moves(row, updated) or new_text:
                         if new_text:
                             self.prov.set_content(updated, texts[i])
                         final[row_id] = updated
                         changed.append(updated)
                     else:
                         final[row_id] = row
+                    pairs.append((row, final[row_id]))
                 else:
-                    row = self._new_row(ex, rec, row_id, requested, texts[i])
-                    final[row_id] = row
-            for action in ("update", "redistribute"):  # "write" of the new rows was decided above
-                batch = [(row, ctx) for a, row, ctx in checks if a == action]
-                if not batch:
-                    continue
-                ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
-                decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
-                denied = [(r.row_id, d.reason) for (r, _), d in zip(batch, decisions) if not d.allowed]
-                if denied:
-                    ex.decision, ex.deny_action = "deny", action
-                    refused = {i for i, _ in denied}
-                    settle_rows(ex, [i for i in dict.fromkeys(ids) if i not in refused], denied)
-                    raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
+                    final[row_id] = self._new_row(ex, rec, row_id, requested, texts[i])
+            writes.decide_changes(self, ex, pairs, ids)  # "write" of the new rows was decided in `_write`
             self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
             self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
             return final, changed
@@ -891,8 +863,7 @@ class ChromaProfile:
         # stays gets the client's own metadata only (None: none; Chroma merges it into the row's): its stamp is left
         # as it is, so this write commutes with another update of the row in flight, whose new stamp it would
         # otherwise overwrite with the old governance and so pair that update's content with it (`stamped_as`).
-        regoverned = {r.row_id for r in changed if (r.scope, r.fleet, r.readers, r.labels) != (
-            known[r.row_id].scope, known[r.row_id].fleet, known[r.row_id].readers, known[r.row_id].labels)}
+        regoverned = {r.row_id for r in changed if writes.moves(known[r.row_id], r)}
         if metas is not None or new_ids or regoverned:
             forwarded["metadatas"] = [
                 stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]],
@@ -1553,8 +1524,7 @@ class ChromaProfile:
         reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
-        done = await deletes.backend_delete(self, self.client,
-                                            await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND))
+        done = await deletes.retry_pending(self, self.client)
         after = ("", "")
         while True:
             batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, after)

@@ -54,7 +54,7 @@ from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
+from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import Ledger, offloop
 from sidecar.ledger.base import RowVersion
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
@@ -365,15 +365,6 @@ class Mem0Profile:
         memory is readable by the caller (`Provenance.links`; its ledger reads off the loop)."""
         await offloop.call(self.ledger, self.prov.decorate, ex, self.coll, rows, id_key="id", meta_key="metadata")
 
-    @staticmethod
-    def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
-        new = Row(**{f: getattr(row, f) for f in Row.__slots__})
-        new.scope = requested.get("mw_scope", row.scope)
-        new.fleet = requested.get("mw_fleet", row.fleet)
-        new.readers = requested.get("mw_readers", row.readers)
-        new.labels = requested.get("mw_labels", row.labels)
-        return new
-
     def _decide_all(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[str]:
         """Ids of `rows` Cedar denies for `action`."""
         decisions = self.authz.decide_rows(ex, action, rows, contexts)
@@ -574,21 +565,13 @@ class Mem0Profile:
                 requested = without_echo(claimed, requested, self._view(ex, row))
             if any(k in requested for k in WRITE_ONCE):
                 raise BadRequest(FIXED_ONCE_WRITTEN)
-            new = self._with_governance(row, requested)
+            new = writes.with_governance(row, requested)
             if isinstance(text, str):
                 self.prov.set_content(new, text)
                 self.prov.check_forgotten(ex, [new])
-            if self._decide_all(ex, "update", [row]):
-                ex.decision, ex.deny_action = "deny", "update"
-                settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
-                raise Forbidden("update is not permitted")
-            moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
+            writes.decide_changes(self, ex, [(row, new)], [mid])
+            moved = writes.moves(row, new)
             if moved:
-                ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
-                if self._decide_all(ex, "redistribute", [row], [ctx]):
-                    ex.decision, ex.deny_action = "deny", "redistribute"
-                    settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
-                    raise Forbidden("redistribute is not permitted")
                 self.prov.check_move(ex, [(row, new)])
             return row, new, moved
         # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
@@ -1171,9 +1154,7 @@ class Mem0Profile:
         get, so each run checks at most `REAPPEARANCE_CHECKS_PER_RUN` confirmed tombstones, one
         ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
         Returns the number of Mem0 deletes issued."""
-        pending = [row_id for collection, row_id in await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND)
-                   if collection == self.coll]
-        done = await self._backend_delete(pending)
+        done = await deletes.retry_pending(self, self.client)  # this deployment's (`Mem0Client.holds`)
         checked = 0
         while checked < REAPPEARANCE_CHECKS_PER_RUN:
             batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,

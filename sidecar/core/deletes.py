@@ -113,3 +113,9 @@ async def backend_delete(gov: Governed, client: Deleter, keys: Sequence[tuple[st
                 await offloop.call(gov.ledger, gov.ledger.mark_backend_deleted, gov.name, collection, done)
         confirmed += len(done)
     return confirmed
+
+
+async def retry_pending(gov: Governed, client: Deleter) -> int:
+    """The reconciler's first step: the backend deletes of tombstones not yet confirmed (deletion closures
+    included; `backend_delete`). Returns the number of ids confirmed."""
+    return await backend_delete(gov, client, await offloop.call(gov.ledger, gov.ledger.pending_tombstones, gov.name))

@@ -24,7 +24,8 @@ release comes first and a failed backend delete tombstones the row.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Mapping, TypeVar
+import dataclasses
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from sidecar.core import updates
 from sidecar.core.failpoints import crash
@@ -32,14 +33,52 @@ from sidecar.core.governed import Governed
 from sidecar.core.operations import Deleter
 from sidecar.errors import Conflict, Forbidden, MemwardenError, UpstreamError
 from sidecar.exchange import Exchange
-from sidecar.governance import Row
+from sidecar.governance import Row, ref
 from sidecar.ledger import offloop
 from sidecar.ledger.base import UpdateLost
+from sidecar.stages.authorize import settle_rows
 
 T = TypeVar("T")
 
 FORGOTTEN = "this content was deleted and may not be written again"
 DELETED_WHILE_WRITTEN = "a memory this write derives from was deleted while it was written"
+
+
+def with_governance(row: Row, requested: Mapping[str, Any]) -> Row:
+    """A copy of `row` with the governance an update requests (``mw_scope``, ``mw_fleet``, ``mw_readers``,
+    ``mw_labels``, parsed by `sidecar.provenance.split_metadata`); what it does not request stays as it is."""
+    return dataclasses.replace(row, scope=requested.get("mw_scope", row.scope), fleet=requested.get("mw_fleet", row.fleet),
+                               readers=requested.get("mw_readers", row.readers),
+                               labels=requested.get("mw_labels", row.labels))
+
+
+def moves(before: Row, after: Row) -> bool:
+    """Whether an update from `before` to `after` changes who may see the row (scope, fleet, readers, labels): then
+    it is a ``redistribute`` too."""
+    return (after.scope, after.fleet, after.readers, after.labels) != (before.scope, before.fleet, before.readers,
+                                                                       before.labels)
+
+
+def decide_changes(gov: Governed, ex: Exchange, changes: Sequence[tuple[Row, Row]], named: Sequence[str]) -> None:
+    """Cedar ``update`` on each existing row as it is (`changes`: (the ledger row, the row after this write), in
+    request order), then ``redistribute`` on those whose governance `moves`, with the target (``target_fleet``,
+    ``target_scope``) in its context. Raises `Forbidden` (403) at the first action denied for any row, with the
+    request's row counts settled (`named`: every id the request names; those not denied count as allowed)."""
+    assert ex.principal is not None
+    tenant = ex.principal.tenant
+    for action in ("update", "redistribute"):
+        batch = [before for before, after in changes if action == "update" or moves(before, after)]
+        if not batch:
+            continue
+        contexts = [{"target_fleet": ref("Fleet", f"{tenant}/{after.fleet}"), "target_scope": after.scope}
+                    for before, after in changes if moves(before, after)] if action == "redistribute" else None
+        decisions = gov.authz.decide_rows(ex, action, batch, contexts)
+        denied = [(r.row_id, d.reason) for r, d in zip(batch, decisions) if not d.allowed]
+        if denied:
+            ex.decision, ex.deny_action = "deny", action
+            refused = {i for i, _ in denied}
+            settle_rows(ex, [i for i in dict.fromkeys(named) if i not in refused], denied)
+            raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
 
 
 async def holding(gov: Governed, ex: Exchange, collection: str, seen: Mapping[str, Row],
