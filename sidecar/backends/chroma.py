@@ -363,6 +363,18 @@ class ChromaClient:
             await self.upstream.call("POST", ["api", "v2", "tenants", rec.tenant, "databases", rec.database,
                                               "collections", rec.collection_id, "delete"], json_body={"ids": list(ids)})
 
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` Chroma holds in `collection` (one get, ids alone); none when the ledger no longer registers
+        the collection."""
+        rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection)
+        if rec is None:
+            return []
+        got = await self.upstream.call("POST", ["api", "v2", "tenants", rec.tenant, "databases", rec.database,
+                                                "collections", rec.collection_id, "get"],
+                                       json_body={"ids": list(ids), "include": []}, idempotent=True)
+        back = got.get("ids") if isinstance(got, dict) else None
+        return list(back) if isinstance(back, list) else []
+
 
 class ChromaProfile:
     """Chroma v2 routes → Cedar actions, ledger updates and row filtering."""
@@ -1525,27 +1537,7 @@ class ChromaProfile:
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
         done = await deletes.retry_pending(self, self.client)
-        after = ("", "")
-        while True:
-            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, after)
-            if not batch:
-                return done
-            after = batch[-1]
-            by_collection: dict[str, list[str]] = {}
-            for collection_id, row_id in batch:
-                by_collection.setdefault(collection_id, []).append(row_id)
-            for collection_id, row_ids in by_collection.items():
-                rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
-                if rec is None:
-                    continue
-                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},
-                                                    idempotent=True)
-                back = present.get("ids") if isinstance(present, dict) else None
-                if back:
-                    structlog.get_logger("memwarden.reconciler").warning(
-                        "tombstoned_rows_reappeared", backend=BACKEND, collection=collection_id, row_ids=back[:20], count=len(back))
-                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": back})
-                    done += len(back)
+        return done + await deletes.recheck(self, self.client, deletes.Cursor())
 
     def lineage_collection(self, ex: Exchange) -> str:
         """``?collection=<uuid>`` of a collection registered to the caller's tenant (else 404), after

@@ -43,7 +43,6 @@ import dataclasses
 from datetime import date, datetime, timezone
 from typing import Any, Iterable, Sequence
 
-import structlog
 
 from sidecar.backends.base import OperationActions, Route, RouteTable, operation_action
 from sidecar.config import Settings
@@ -241,6 +240,15 @@ class Mem0Client:
                 if exc.status != 404:  # already gone in Mem0: the delete is done
                     raise
 
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` Mem0 holds (one ``GET /memories/{id}`` each: Mem0 has no batch get; 200 null is missing)."""
+        back = []
+        for mid in ids:
+            found = await self.upstream.call("GET", ["memories", mid])
+            if isinstance(found, dict) and found.get("id") == mid:
+                back.append(mid)
+        return back
+
 
 class Mem0Profile:
     """Mem0 REST routes → Cedar actions, ledger updates and row filtering."""
@@ -254,7 +262,7 @@ class Mem0Profile:
         self.authz = authz
         self.coll = settings.mem0_deployment
         self.deployment = f"{BACKEND}:{settings.mem0_deployment}"  # Deployment::"mem0:<deployment>"
-        self._reappearance_cursor: tuple[str, str] = ("", "")
+        self._reappearance = deletes.Cursor()  # where the next run's reappearance checks go on
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
         self.client = Mem0Client(upstream, settings.mem0_deployment)
 
@@ -1155,27 +1163,7 @@ class Mem0Profile:
         ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
         Returns the number of Mem0 deletes issued."""
         done = await deletes.retry_pending(self, self.client)  # this deployment's (`Mem0Client.holds`)
-        checked = 0
-        while checked < REAPPEARANCE_CHECKS_PER_RUN:
-            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
-                                    limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
-            if not batch:
-                self._reappearance_cursor = ("", "")  # next run starts again from the first tombstone
-                break
-            self._reappearance_cursor = batch[-1]
-            checked += len(batch)
-            back = []
-            for collection, row_id in batch:
-                if collection != self.coll:
-                    continue
-                found = await self._call("GET", ["memories", row_id])
-                if isinstance(found, dict) and found.get("id") == row_id:
-                    back.append(row_id)
-            if back:
-                structlog.get_logger("memwarden.reconciler").warning(
-                    "tombstoned_rows_reappeared", backend=BACKEND, collection=self.coll, row_ids=back[:20], count=len(back))
-                done += await self._backend_delete(back)
-        return done
+        return done + await deletes.recheck(self, self.client, self._reappearance, REAPPEARANCE_CHECKS_PER_RUN)
 
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""

@@ -23,9 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import structlog
+
 from sidecar.core.failpoints import crash
 from sidecar.core.governed import LIVE, Governed
-from sidecar.core.operations import Deleter
+from sidecar.core.operations import Deleter, Reconciled
 from sidecar.errors import Forbidden
 from sidecar.exchange import Exchange
 from sidecar.governance import Row
@@ -119,3 +121,40 @@ async def retry_pending(gov: Governed, client: Deleter) -> int:
     """The reconciler's first step: the backend deletes of tombstones not yet confirmed (deletion closures
     included; `backend_delete`). Returns the number of ids confirmed."""
     return await backend_delete(gov, client, await offloop.call(gov.ledger, gov.ledger.pending_tombstones, gov.name))
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where `recheck` goes on: the last (collection, row id) key it read (``("", "")``: from the first)."""
+
+    after: tuple[str, str] = ("", "")
+
+
+async def recheck(gov: Governed, client: Reconciled, cursor: Cursor, budget: int | None = None) -> int:
+    """The reconciler's second step: tombstones whose backend delete was confirmed, in key order after `cursor`, whose
+    rows the backend holds again (written around the sidecar, a lost delete, a restore: `Reconciled.present`) are
+    logged as an alert and deleted again (`backend_delete`). They are never served either way (the ledger says
+    deleted). At most `budget` tombstones are checked (None: all); `cursor` is moved past each batch read, and back
+    to the first once every tombstone was checked. Returns the number of backend deletes confirmed."""
+    done = checked = 0
+    while budget is None or checked < budget:
+        limit = 500 if budget is None else min(500, budget - checked)
+        batch = await offloop.call(gov.ledger, gov.ledger.backend_deleted_tombstones, gov.name, cursor.after,
+                                   limit=limit)
+        if not batch:
+            cursor.after = ("", "")  # the next run starts again from the first tombstone
+            return done
+        cursor.after = batch[-1]
+        checked += len(batch)
+        by_collection: dict[str, list[str]] = {}
+        for collection, row_id in batch:
+            if client.holds(collection):
+                by_collection.setdefault(collection, []).append(row_id)
+        for collection, row_ids in by_collection.items():
+            back = await client.present(collection, row_ids)
+            if back:
+                structlog.get_logger("memwarden.reconciler").warning(
+                    "tombstoned_rows_reappeared", backend=gov.name, collection=collection, row_ids=back[:20],
+                    count=len(back))
+                done += await backend_delete(gov, client, [(collection, i) for i in back])
+    return done

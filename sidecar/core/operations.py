@@ -219,7 +219,15 @@ class Deleter(Protocol):
         ...
 
 
-class Backend(Deleter, Protocol):
+class Reconciled(Deleter, Protocol):
+    """The part of a backend's client the reconciler needs (`sidecar.core.deletes.recheck`)."""
+
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` the backend holds in `collection` (none when it no longer has the collection)."""
+        ...
+
+
+class Backend(Reconciled, Protocol):
     """What a profile's client does for the core, one method an operation of the vocabulary. Rows come back decoded
     (`StoredRow`); filters go in the backend's own language (the profile's filter translator made them)."""
 

@@ -40,6 +40,10 @@ class FakeBackend:
             raise UpstreamError("backend down")
         self.rows.get(collection, set()).difference_update(ids)  # a missing id counts as deleted
 
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        self.calls.append((collection, ["present", *ids]))
+        return [i for i in ids if i in self.rows.get(collection, set())]
+
 
 def _tombstoned(ledger: Any, keys: list[tuple[str, str]]) -> None:
     rows = [Row("fake", c, i, "t", "red", "t/red/a", "fleet", "t/red/a", 1) for c, i in keys]
@@ -70,3 +74,18 @@ def test_one_call_per_collection_and_only_the_collections_the_client_holds(ledge
     assert asyncio.run(deletes.backend_delete(gov, fake, keys)) == 2  # type: ignore[arg-type]
     assert fake.calls == [("c1", ["a", "b"])]
     assert ledger.pending_tombstones("fake") == [("c2", "x")] and fake.rows == {"c1": set(), "c2": {"x"}}
+
+
+def test_recheck_deletes_what_reappeared_within_its_budget_and_goes_on_where_it_stopped(ledger: Any) -> None:  # noqa: F811
+    keys = [("c1", "a"), ("c1", "b"), ("c1", "c")]
+    _tombstoned(ledger, keys)
+    ledger.mark_backend_deleted("fake", "c1", ["a", "b", "c"])
+    fake = FakeBackend({"c1": {"b"}}, batch=True)  # b was written again around the sidecar
+    gov = SimpleNamespace(name="fake", ledger=ledger)
+    cursor = deletes.Cursor()
+    assert asyncio.run(deletes.recheck(gov, fake, cursor, budget=2)) == 1  # type: ignore[arg-type]
+    assert fake.calls == [("c1", ["present", "a", "b"]), ("c1", ["b"])] and fake.rows["c1"] == set()
+    assert cursor.after == ("c1", "b") and ledger.pending_tombstones("fake") == []
+    fake.calls.clear()
+    assert asyncio.run(deletes.recheck(gov, fake, cursor, budget=2)) == 0  # type: ignore[arg-type]
+    assert fake.calls == [("c1", ["present", "c"])] and cursor.after == ("", "")  # all checked: from the first again
