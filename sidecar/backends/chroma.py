@@ -493,15 +493,7 @@ class ChromaProfile:
         its error and the ledger is unchanged: every row stays served and every collection registered. A sidecar
         that stops between Chroma's reset and the ledger's leaves registered collections Chroma no longer holds
         (reads of them fail, nothing is served): the operator resets again."""
-        self.authz.require_deployment(ex, "reset", DEPLOYMENT)
-        result = await self.upstream.call("POST", ex.segments)
-
-        def wipe() -> int:
-            n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
-            self.ledger.reset_done(BACKEND, None)
-            return n
-        ex.rows_allowed = await offloop.call(self.ledger, wipe)
-        return 200, result
+        return 200, await deletes.reset(self, ex, DEPLOYMENT, None, lambda: self.upstream.call("POST", ex.segments))
 
     async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         body = _obj(ex.body)

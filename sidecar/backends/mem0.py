@@ -1112,14 +1112,7 @@ class Mem0Profile:
         # tombstoned first, as every delete).
         p = self._p(ex)
         if p.kind == "operator":
-            self.authz.require_deployment(ex, "reset", self.deployment)
-            await self._call("POST", ["reset"])
-
-            def wipe() -> int:
-                n = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
-                self.ledger.reset_done(BACKEND, self.coll)
-                return n
-            ex.rows_allowed = await offloop.call(self.ledger, wipe)
+            await deletes.reset(self, ex, self.deployment, self.coll, lambda: self._call("POST", ["reset"]))
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True, purpose="delete")

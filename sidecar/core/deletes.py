@@ -21,7 +21,7 @@ missing id 200 ``{"deleted": 0}``, Mem0 404); `tests/conformance` pins it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 import structlog
 
@@ -33,6 +33,8 @@ from sidecar.exchange import Exchange
 from sidecar.governance import Row
 from sidecar.ledger import offloop
 from sidecar.stages.authorize import DELETED_ROW, UNKNOWN_ROW, settle_rows
+
+T = TypeVar("T")
 
 BEFORE_CEDAR = (UNKNOWN_ROW, DELETED_ROW)  # refusal reasons of ids no Cedar decision was asked for
 
@@ -158,3 +160,23 @@ async def recheck(gov: Governed, client: Reconciled, cursor: Cursor, budget: int
                     count=len(back))
                 done += await backend_delete(gov, client, [(collection, i) for i in back])
     return done
+
+
+async def reset(gov: Governed, ex: Exchange, deployment: str, collection: str | None,
+                forward: Callable[[], Awaitable[T]]) -> T:
+    """A backend's own reset (it wipes every tenant): Cedar ``reset`` on ``Deployment::"<deployment>"`` (operators
+    only by the default policies), then ``await forward()`` (the backend's reset); only once it succeeded is every
+    governed row of `collection` (None: of the whole backend) tombstoned with its backend delete confirmed
+    (`Ledger.reset`, `Ledger.reset_done`), counted in ``rows_allowed``. When the backend refuses or fails, its error
+    is raised and the ledger is unchanged. Returns what `forward` returned."""
+    gov.authz.require_deployment(ex, "reset", deployment)
+    result = await forward()
+    assert ex.principal is not None
+    by = ex.principal.uid[1]
+
+    def wipe() -> int:
+        n = gov.ledger.reset(gov.name, collection, by, ex.request_id)
+        gov.ledger.reset_done(gov.name, collection)
+        return n
+    ex.rows_allowed = await offloop.call(gov.ledger, wipe)
+    return result

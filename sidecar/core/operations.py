@@ -30,10 +30,10 @@ operation              Chroma                                      Mem0
                                                                    ``/requests`` (403 ``blocked_route``)
 =====================  ==========================================  ===============================================
 
-The write transaction over `WriteRows`/`PatchMetadata` is `sidecar.core.writes`, the delete transaction over
-`Delete` (tombstones first, deletion closure, backend delete, confirmation) `sidecar.core.deletes`. Reads
-(`ReadByIds`, `Scan`, `Rank`: plan and pushdown, refill, paging over readable rows, stamp checks), reconcile and
-reset are still written in each profile.
+The write transaction over `WriteRows`/`PatchMetadata` is `sidecar.core.writes`; the delete transaction over
+`Delete` (tombstones first, deletion closure, backend delete, confirmation), the reconciler (retry, reappearance
+check) and the operator's reset are `sidecar.core.deletes`. Reads (`ReadByIds`, `Scan`, `Rank`: plan and pushdown,
+refill, paging over readable rows, stamp checks) are still written in each profile.
 
 `Capabilities` says what the core may count on: ``server_ids`` (the backend chooses row ids, so rows are reserved
 after the backend write, not before: Mem0), ``id_list_filter`` (a read can be narrowed to an id list: Chroma),
