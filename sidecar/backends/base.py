@@ -6,6 +6,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sidecar.core.failpoints import crash as crash  # re-exported: the profiles' failpoints
 from sidecar.exchange import Exchange
 from sidecar.provenance import Provenance
 
@@ -118,11 +119,3 @@ def operation_action(table: OperationActions, op: str, kind: str | None) -> str 
     if type(action) is tuple:
         return action[1] if kind == "operator" else action[0]
     return action  # type: ignore[return-value]
-
-
-def crash() -> None:
-    """Failpoint (testing only, ``MEMWARDEN_FAILPOINTS``): die like ``kill -9``."""
-    import os
-    import signal
-
-    os.kill(os.getpid(), signal.SIGKILL)

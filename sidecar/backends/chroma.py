@@ -26,20 +26,20 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import structlog
 
-from sidecar.backends import updates
-from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
+from sidecar.backends.base import OperationActions, Route, RouteTable, operation_action
 from sidecar.config import Settings
+from sidecar.core import deletes, writes
+from sidecar.core.operations import Capabilities
 from sidecar.core.echo import READER_FLAG, refuse_claims, set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import BackendAnswerTooLarge, BackendClientError, BackendServerError, BadRequest, Conflict, Forbidden, LedgerUnavailable, NotFound, PayloadTooLarge, UpstreamError
 from sidecar.exchange import Exchange
 from sidecar.governance import Principal, Row, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import CollectionIntent, CollectionRecord, Ledger, now_us, offloop
-from sidecar.ledger.base import UpdateLost
 from sidecar.planner import QueryPlanner
 from sidecar.rowsize import check_row_size, row_bytes
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, WRITE_ONCE, Provenance, content_keys, history_view, provenance_metadata,
@@ -342,6 +342,40 @@ def _query_result(ranked: list[list[dict[str, Any]]], include: Any, included: An
     return out
 
 
+class ChromaClient:
+    """The Chroma calls the core makes (`sidecar.core.operations.Deleter`): rows are deleted by collection UUID, many
+    ids a call; Chroma deletes missing ids with 200."""
+
+    capabilities = Capabilities(batch_delete=True, id_list_filter=True, metadata_merge=True, count=True)
+
+    def __init__(self, upstream: Upstream, ledger: Ledger) -> None:
+        self.upstream = upstream
+        self.ledger = ledger
+
+    def holds(self, collection: str) -> bool:
+        return True
+
+    async def delete(self, collection: str, ids: Sequence[str]) -> None:
+        """Chroma's delete of `ids` in collection `collection`; nothing to call when the ledger no longer registers
+        the collection (deleted with it)."""
+        rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection)
+        if rec is not None:
+            await self.upstream.call("POST", ["api", "v2", "tenants", rec.tenant, "databases", rec.database,
+                                              "collections", rec.collection_id, "delete"], json_body={"ids": list(ids)})
+
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` Chroma holds in `collection` (one get, ids alone); none when the ledger no longer registers
+        the collection."""
+        rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection)
+        if rec is None:
+            return []
+        got = await self.upstream.call("POST", ["api", "v2", "tenants", rec.tenant, "databases", rec.database,
+                                                "collections", rec.collection_id, "get"],
+                                       json_body={"ids": list(ids), "include": []}, idempotent=True)
+        back = got.get("ids") if isinstance(got, dict) else None
+        return list(back) if isinstance(back, list) else []
+
+
 class ChromaProfile:
     """Chroma v2 routes → Cedar actions, ledger updates and row filtering."""
 
@@ -353,6 +387,7 @@ class ChromaProfile:
         self.ledger = ledger
         self.authz = authz
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.client = ChromaClient(upstream, ledger)
         self.content_keys = content_keys(settings.chroma_content_keys)
         authz.deferrable = self.deferrable
         # collection id → monotonic time until which its reads use the where filter, not an id list (`_pushdown`)
@@ -458,15 +493,7 @@ class ChromaProfile:
         its error and the ledger is unchanged: every row stays served and every collection registered. A sidecar
         that stops between Chroma's reset and the ledger's leaves registered collections Chroma no longer holds
         (reads of them fail, nothing is served): the operator resets again."""
-        self.authz.require_deployment(ex, "reset", DEPLOYMENT)
-        result = await self.upstream.call("POST", ex.segments)
-
-        def wipe() -> int:
-            n = self.ledger.reset(BACKEND, None, self._p(ex).uid[1], ex.request_id)
-            self.ledger.reset_done(BACKEND, None)
-            return n
-        ex.rows_allowed = await offloop.call(self.ledger, wipe)
-        return 200, result
+        return 200, await deletes.reset(self, ex, DEPLOYMENT, None, lambda: self.upstream.call("POST", ex.segments))
 
     async def op_create_tenant(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         body = _obj(ex.body)
@@ -713,18 +740,6 @@ class ChromaProfile:
         self._decorate(ex, rec, shown)
         return {d["ids"]: {k: v for k, v in d["metadatas"].items() if k.startswith("mw_")} for d in shown}
 
-    def _redistributed(self, p: Principal, row: Row, requested: dict[str, Any]) -> tuple[Row, dict[str, Any]] | None:
-        """The row after a requested scope/fleet/readers/labels change and the redistribute context; None if
-        no change."""
-        new = Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
-        new.scope = requested.get("mw_scope", row.scope)
-        new.fleet = requested.get("mw_fleet", row.fleet)
-        new.readers = requested.get("mw_readers", row.readers)
-        new.labels = requested.get("mw_labels", row.labels)
-        if (new.scope, new.fleet, new.readers, new.labels) == (row.scope, row.fleet, row.readers, row.labels):
-            return None
-        return new, {"target_fleet": {"__entity": {"type": "Fleet", "id": f"{p.tenant}/{new.fleet}"}}, "target_scope": new.scope}
-
     async def _write(self, ex: Exchange, params: dict[str, str], op: str) -> tuple[int, Any]:
         """add / upsert / update: authorise every row, reserve new ids, stamp, forward, then commit."""
         p = self._p(ex)
@@ -803,64 +818,43 @@ class ChromaProfile:
                 for i in echoed:
                     split[i] = (split[i][0], without_echo(pre[i][1], split[i][1], views[ids[i]]))
         await offloop.call(self.ledger, check_existing)
-        # An update of existing rows holds their update markers until its ledger write (`sidecar.backends.updates`):
+        # An update of existing rows holds their update markers until its ledger write (`sidecar.core.updates`):
         # another update of one of them meanwhile is 409, and this one decides on the rows as they are now.
         existing = [i for i in dict.fromkeys(ids) if i in known]
-        if not existing:
-            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, False)
-        await updates.begin(self.ledger, self.settings, ex, BACKEND, rec.collection_id, {i: known[i] for i in existing})
-        try:
-            return await self._write_rows(ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, True)
-        except BaseException:
-            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, existing)
-            raise
+        return await writes.holding(self, ex, rec.collection_id, {i: known[i] for i in existing}, lambda: self._write_rows(
+            ex, rec, op, body, ids, metas, pre, split, documents, texts, known, new_ids, existing))
 
     async def _write_rows(self, ex: Exchange, rec: CollectionRecord, op: str, body: dict[str, Any], ids: list[str],
                           metas: list[Any] | None, pre: list[Any], split: list[tuple[dict[str, Any], dict[str, Any]]],
                           documents: list[Any], texts: list[str | None], known: dict[str, Row], new_ids: list[str],
-                          held: bool) -> tuple[int, Any]:
-        """The rest of `_write`, once the rows are decided readable (and, with `held`, this request holds the update
-        markers of the existing ones, released by its ledger write or, when it changes none, at its end)."""
-        p = self._p(ex)
+                          held: list[str]) -> tuple[int, Any]:
+        """The rest of `_write`, once the rows are decided readable (this request holds the update markers of the
+        existing rows, `held`, released by its ledger write or, when it changes none, at its end): the write
+        transaction of `sidecar.core.writes.write_rows` around Chroma's write."""
         await self._stored_documents(rec, ids, known, documents, texts)
         def decide_changes() -> tuple[dict[str, Row], list[Row]]:
-            checks: list[tuple[str, Row, dict[str, Any] | None]] = []
             final: dict[str, Row] = {}
             changed: list[Row] = []
+            pairs: list[tuple[Row, Row]] = []  # (existing row, the row after this write)
             for i, row_id in enumerate(ids):
                 requested = split[i][1]
                 if row_id in known:
                     if any(k in requested for k in WRITE_ONCE):
                         raise BadRequest(FIXED_ONCE_WRITTEN)
                     row = known[row_id]
-                    checks.append(("update", row, None))
-                    moved = self._redistributed(p, row, requested)
+                    updated = writes.with_governance(row, requested)
                     new_text = texts[i] is not None
-                    if moved is not None or new_text:
-                        updated = moved[0] if moved is not None else Row(**{f: getattr(row, f) for f in Row.__slots__})  # type: ignore[attr-defined]
-                        if moved is not None:
-                            checks.append(("redistribute", row, moved[1]))
+                    if writes.moves(row, updated) or new_text:
                         if new_text:
                             self.prov.set_content(updated, texts[i])
                         final[row_id] = updated
                         changed.append(updated)
                     else:
                         final[row_id] = row
+                    pairs.append((row, final[row_id]))
                 else:
-                    row = self._new_row(ex, rec, row_id, requested, texts[i])
-                    final[row_id] = row
-            for action in ("update", "redistribute"):  # "write" of the new rows was decided above
-                batch = [(row, ctx) for a, row, ctx in checks if a == action]
-                if not batch:
-                    continue
-                ctxs = [c or {} for _, c in batch] if action == "redistribute" else None
-                decisions = self.authz.decide_rows(ex, action, [r for r, _ in batch], ctxs)
-                denied = [(r.row_id, d.reason) for (r, _), d in zip(batch, decisions) if not d.allowed]
-                if denied:
-                    ex.decision, ex.deny_action = "deny", action
-                    refused = {i for i, _ in denied}
-                    settle_rows(ex, [i for i in dict.fromkeys(ids) if i not in refused], denied)
-                    raise Forbidden(f"{action} is not permitted for {len(denied)} of {len(batch)} rows")
+                    final[row_id] = self._new_row(ex, rec, row_id, requested, texts[i])
+            writes.decide_changes(self, ex, pairs, ids)  # "write" of the new rows was decided in `_write`
             self.prov.check_forgotten(ex, [final[ids[i]] for i in range(len(ids)) if texts[i] is not None and ids[i] in known])
             self.prov.check_move(ex, [(known[r.row_id], r) for r in changed])
             return final, changed
@@ -873,8 +867,7 @@ class ChromaProfile:
         # stays gets the client's own metadata only (None: none; Chroma merges it into the row's): its stamp is left
         # as it is, so this write commutes with another update of the row in flight, whose new stamp it would
         # otherwise overwrite with the old governance and so pair that update's content with it (`stamped_as`).
-        regoverned = {r.row_id for r in changed if (r.scope, r.fleet, r.readers, r.labels) != (
-            known[r.row_id].scope, known[r.row_id].fleet, known[r.row_id].readers, known[r.row_id].labels)}
+        regoverned = {r.row_id for r in changed if writes.moves(known[r.row_id], r)}
         if metas is not None or new_ids or regoverned:
             forwarded["metadatas"] = [
                 stamp(split[i][0] if (metas and metas[i] is not None) or ids[i] in new_ids else None, final[ids[i]],
@@ -883,53 +876,9 @@ class ChromaProfile:
                 (split[i][0] if metas and metas[i] is not None else None)
                 for i in range(len(ids))
             ]
-        new_rows = [final[i] for i in new_ids]
-        conflicts = await offloop.call(self.ledger, self.ledger.reserve_rows, new_rows)
-        if conflicts:
-            raise Conflict("ids already exist")
-        try:
-            # Checked with the new rows pending (their lineage edges recorded): a concurrent delete either
-            # came first and is seen here, or its deletion closure finds them and they never activate.
-            def check_pending() -> None:
-                self.prov.check_parents(ex, new_rows)
-                self.prov.check_supersession(ex, new_rows)
-                self.prov.check_forgotten(ex, [r for r in new_rows if r.content_hmac])
-            await offloop.call(self.ledger, check_pending)
-            await self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded)
-        except BaseException:
-            # Submitted to its thread before anything else can run: the reservations are freed whatever
-            # happens to this task from here on.
-            await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, rec.collection_id, new_ids)
-            raise
-        if "activate" in self.settings.failpoints:
-            crash()
-        try:
-            await offloop.call(self.ledger, self.prov.activate, ex, rec.collection_id, new_rows)
-        except (Forbidden, Conflict):
-            # Another write replaced a fact in the meantime and this caller may not update the new one.
-            # The new rows were never served (still pending): take them back out of Chroma, free their ids.
-            try:
-                if new_ids:
-                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": new_ids})
-            finally:
-                def withdraw() -> None:
-                    self.ledger.release_rows(BACKEND, rec.collection_id, new_ids)
-                    if changed:  # updates of existing rows in this request did reach Chroma
-                        try:
-                            self.ledger.update_governance(changed, holder=ex.request_id if held else None)
-                        except UpdateLost:  # taken over (this update outlived its lease): the new one writes them
-                            pass
-                await offloop.call(self.ledger, withdraw)
-            raise
-        if changed:
-            if "update-governance" in self.settings.failpoints:
-                crash()  # the new content and its stamp are in Chroma, the ledger has the old governance
-            if held:
-                await updates.write_governance(self.ledger, ex, changed)  # the markers released with it
-            else:
-                await offloop.call(self.ledger, self.ledger.update_governance, changed)
-        elif held:
-            await updates.end(self.ledger, ex, BACKEND, rec.collection_id, list(known))
+        await writes.write_rows(self, ex, rec.collection_id, [final[i] for i in new_ids], changed, held=held,
+                                forward=lambda: self.upstream.call("POST", self._data_segments(rec, op), json_body=forwarded),
+                                client=self.client)
         ex.rows_allowed = len(ids)
         return 200, True if op != "add" else True
 
@@ -1568,88 +1517,19 @@ class ChromaProfile:
             )
             candidate_ids = [r["ids"] for r in candidates]
         candidate_ids = list(dict.fromkeys(candidate_ids))
-        known = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, rec.collection_id, candidate_ids)
-        rows = [known[i] for i in candidate_ids if i in known and known[i].status in ("active", "superseded")]
-        # Ids refused before Cedar: not governed, or tombstoned/pending (the decision log's one counting rule).
-        refused = [(i, UNKNOWN_ROW if i not in known else DELETED_ROW) for i in candidate_ids
-                   if i not in known or known[i].status not in ("active", "superseded")]
-
-        def decide() -> list[str]:
-            decisions = self.authz.decide_rows(ex, "delete", rows)
-            refused.extend((r.row_id, d.reason) for r, d in zip(rows, decisions) if not d.allowed)
-            allowed = [r.row_id for r, d in zip(rows, decisions) if d.allowed]
-            if ids is not None and not where and not where_document:
-                # By ids: all-or-nothing, as a write. A named row the caller may read but not delete is 403; one it
-                # cannot read is answered as a missing id (Chroma deletes missing ids with 200).
-                denied = [r.row_id for r, d in zip(rows, decisions) if not d.allowed]
-                shown = self.authz.readable(ex, BACKEND, rec.collection_id, denied, include_superseded=True,
-                                            count=False) if denied else set()
-                if shown:
-                    ex.decision, ex.deny_action = "deny", "delete"
-                    settle_rows(ex, allowed, refused)
-                    raise Forbidden(f"delete is not permitted for {len(shown)} of {len(ids)} rows")
-            return allowed
-        allowed = await offloop.call(self.ledger, decide)
-        if limit is not None:
-            allowed = allowed[:limit]
-        settle_rows(ex, allowed, refused)
-        ex.decision = "allow" if allowed or not candidate_ids else "deny"
-        if not allowed:
-            if candidate_ids:  # a delete that deletes nothing it named: refused, logged with the ids (200, as Chroma)
-                ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
-                ex.reason = refused[-1][1] if refused else ex.reason
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, rec.collection_id, candidate_ids,
+                                     by_ids=ids is not None and not where and not where_document, limit=limit)
+        if not decided.allowed:  # a refused delete, or one of missing ids: 200, as Chroma answers it
             return 200, {"deleted": 0}
-        # Copies of the deleted content elsewhere in the tenant go too — those this principal may delete
-        # (a delete never reaches rows it has no right to delete; derived rows follow the closure mode).
-        by_id = {r.row_id: r for r in rows}
-        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, rec.collection_id, [by_id[a] for a in allowed],
-                                 self.settings.deletion_closure)
-        if "after-tombstone" in self.settings.failpoints:
-            crash()
-        await self._backend_delete(closed)
-        return 200, {"deleted": len(allowed)}
-
-    async def _backend_delete(self, keys: list[tuple[str, str]]) -> int:
-        """Delete tombstoned rows from Chroma, grouped by collection; confirms each group in the ledger."""
-        by_collection: dict[str, list[str]] = {}
-        for collection_id, row_id in keys:
-            by_collection.setdefault(collection_id, []).append(row_id)
-        done = 0
-        for collection_id, row_ids in by_collection.items():
-            rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
-            if rec is not None:
-                await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": row_ids})
-            await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, collection_id, row_ids)
-            done += len(row_ids)
-        return done
+        return 200, {"deleted": await deletes.delete_rows(self, ex, rec.collection_id, decided.allowed, self.client)}
 
     async def reconcile(self) -> int:
         """Retry backend deletes of tombstones not yet confirmed, then look for tombstoned rows that
         reappeared in the backend (written around the sidecar, or a lost delete): each is logged as an
         alert and deleted again. They are never served either way (the ledger says deleted).
         Returns the number of backend deletes issued."""
-        done = await self._backend_delete(await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND))
-        after = ("", "")
-        while True:
-            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, after)
-            if not batch:
-                return done
-            after = batch[-1]
-            by_collection: dict[str, list[str]] = {}
-            for collection_id, row_id in batch:
-                by_collection.setdefault(collection_id, []).append(row_id)
-            for collection_id, row_ids in by_collection.items():
-                rec = await offloop.call(self.ledger, self.ledger.get_collection, BACKEND, collection_id)
-                if rec is None:
-                    continue
-                present = await self.upstream.call("POST", self._data_segments(rec, "get"), json_body={"ids": row_ids, "include": []},
-                                                    idempotent=True)
-                back = present.get("ids") if isinstance(present, dict) else None
-                if back:
-                    structlog.get_logger("memwarden.reconciler").warning(
-                        "tombstoned_rows_reappeared", backend=BACKEND, collection=collection_id, row_ids=back[:20], count=len(back))
-                    await self.upstream.call("POST", self._data_segments(rec, "delete"), json_body={"ids": back})
-                    done += len(back)
+        done = await deletes.retry_pending(self, self.client)
+        return done + await deletes.recheck(self, self.client, deletes.Cursor())
 
     def lineage_collection(self, ex: Exchange) -> str:
         """``?collection=<uuid>`` of a collection registered to the caller's tenant (else 404), after

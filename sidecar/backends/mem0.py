@@ -41,25 +41,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import date, datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
-import structlog
 
-from sidecar.backends import updates
-from sidecar.backends.base import OperationActions, Route, RouteTable, crash, operation_action
+from sidecar.backends.base import OperationActions, Route, RouteTable, operation_action
 from sidecar.config import Settings
+from sidecar.core import deletes, writes
+from sidecar.core.operations import Capabilities
 from sidecar.core.echo import set_aside, without_echo
 from sidecar.core.visibility import Visibility, visibility
 from sidecar.errors import (BackendAnswerTooLarge, BackendClientError, BadRequest, Conflict, Forbidden, MemwardenError, NotFound,
                             UpstreamError)
 from sidecar.exchange import Exchange
-from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, ref, stamped_as
+from sidecar.governance import Principal, Row, agent_id, collection_entity, namespace_entity, stamped_as
 from sidecar.ledger import Ledger, offloop
 from sidecar.ledger.base import RowVersion
 from sidecar.provenance import (FIXED_ONCE_WRITTEN, GOVERNED_PREFIX, WRITE_ONCE, Provenance, history_view,
                                 provenance_metadata, split_metadata)
 from sidecar.rowsize import check_row_size, row_bytes
-from sidecar.stages.authorize import DELETED_ROW, UNKNOWN_ROW, Authorizer, settle_rows, well_formed_rows
+from sidecar.stages.authorize import Authorizer, settle_rows, well_formed_rows
 from sidecar.stages.canonicalize import check_filter_size
 from sidecar.stages.forward import Upstream
 
@@ -219,6 +219,37 @@ class Filter:
         return True
 
 
+class Mem0Client:
+    """The Mem0 calls the core makes (`sidecar.core.operations.Deleter`): one memory a delete; Mem0's 404 there
+    counts as done. It holds the rows of one deployment (ledger collection)."""
+
+    capabilities = Capabilities(server_ids=True, metadata_merge=True, history=True)
+
+    def __init__(self, upstream: Upstream, deployment: str) -> None:
+        self.upstream = upstream
+        self.deployment = deployment
+
+    def holds(self, collection: str) -> bool:
+        return collection == self.deployment  # another deployment's copy stays pending for its reconciler
+
+    async def delete(self, collection: str, ids: Sequence[str]) -> None:
+        for mid in ids:
+            try:
+                await self.upstream.call("DELETE", ["memories", mid])
+            except BackendClientError as exc:
+                if exc.status != 404:  # already gone in Mem0: the delete is done
+                    raise
+
+    async def present(self, collection: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` Mem0 holds (one ``GET /memories/{id}`` each: Mem0 has no batch get; 200 null is missing)."""
+        back = []
+        for mid in ids:
+            found = await self.upstream.call("GET", ["memories", mid])
+            if isinstance(found, dict) and found.get("id") == mid:
+                back.append(mid)
+        return back
+
+
 class Mem0Profile:
     """Mem0 REST routes → Cedar actions, ledger updates and row filtering."""
 
@@ -231,8 +262,9 @@ class Mem0Profile:
         self.authz = authz
         self.coll = settings.mem0_deployment
         self.deployment = f"{BACKEND}:{settings.mem0_deployment}"  # Deployment::"mem0:<deployment>"
-        self._reappearance_cursor: tuple[str, str] = ("", "")
+        self._reappearance = deletes.Cursor()  # where the next run's reappearance checks go on
         self.prov = Provenance(BACKEND, settings.policies_dir, ledger, authz)
+        self.client = Mem0Client(upstream, settings.mem0_deployment)
 
     health_segments = ["configure", "providers"]
 
@@ -340,15 +372,6 @@ class Mem0Profile:
         """Add ``mw_supersedes_id`` / ``mw_superseded_by`` to returned memories' metadata where the linked
         memory is readable by the caller (`Provenance.links`; its ledger reads off the loop)."""
         await offloop.call(self.ledger, self.prov.decorate, ex, self.coll, rows, id_key="id", meta_key="metadata")
-
-    @staticmethod
-    def _with_governance(row: Row, requested: dict[str, Any]) -> Row:
-        new = Row(**{f: getattr(row, f) for f in Row.__slots__})
-        new.scope = requested.get("mw_scope", row.scope)
-        new.fleet = requested.get("mw_fleet", row.fleet)
-        new.readers = requested.get("mw_readers", row.readers)
-        new.labels = requested.get("mw_labels", row.labels)
-        return new
 
     def _decide_all(self, ex: Exchange, action: str, rows: list[Row], contexts: list[dict[str, Any]] | None = None) -> list[str]:
         """Ids of `rows` Cedar denies for `action`."""
@@ -506,47 +529,16 @@ class Mem0Profile:
             await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, deleted_in_mem0)
         withdrawn: MemwardenError | None = None
         if added:
-            if await offloop.call(self.ledger, self.ledger.reserve_rows, added):
-                raise UpstreamError("backend reused a memory id")
-            # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now: what was
-            # checked before the Mem0 call is checked again while they are pending — a parent deleted or
-            # content forgotten meanwhile is seen here, and a later delete's closure finds the pending rows —
-            # and a single-valued fact is superseded only if this caller may update the one active now.
-            def settle() -> None:
-                self.prov.check_parents(ex, added)
-                if self.prov.forgotten(ex, added):
-                    raise Conflict("this content was deleted and may not be written again")
-                self.prov.activate(ex, self.coll, added)
-            try:
-                await offloop.call(self.ledger, settle)
-            except (Forbidden, Conflict) as exc:
-                withdrawn = exc
-            live = await offloop.call(self.ledger, self.ledger.get_rows, BACKEND, self.coll, [r.row_id for r in added])
-            status = {r.row_id: live[r.row_id].status if r.row_id in live else "missing" for r in added}
-            if withdrawn is None and any(v != "active" for v in status.values()):
-                # tombstoned by a concurrent deletion closure while pending (its deleter removes them from Mem0)
-                withdrawn = Conflict("a memory this write derives from was deleted while it was written")
+            # Mem0 chose the ids, so the rows (and their lineage edges) reach the ledger only now
+            # (`sidecar.core.writes.activate_new`).
+            withdrawn, tombstoned = await writes.activate_new(self, ex, self.coll, added, self.client)
+            closed += tombstoned
             if withdrawn is not None:
-                # Never served (never active): free the reservations and take the memories back out of Mem0.
-                # A memory Mem0 will not delete now is tombstoned instead, for the reconciler.
-                pending = [mid for mid, v in status.items() if v == "pending"]
-                await offloop.call(self.ledger, self.ledger.release_rows, BACKEND, self.coll, pending)
-                stuck = []
-                for mid in pending:
-                    try:
-                        await self._call("DELETE", ["memories", mid])
-                    except BackendClientError as exc:
-                        if exc.status != 404:
-                            stuck.append(mid)
-                    except MemwardenError:
-                        stuck.append(mid)
-                if stuck:
-                    closed += await offloop.call(self.ledger, self.ledger.tombstone, BACKEND, self.coll, stuck, p.uid[1], ex.request_id,
-                                              closure=self.settings.deletion_closure)
-                out = [e for e in out if e["id"] not in status]
+                added_ids = {r.row_id for r in added}
+                out = [e for e in out if e["id"] not in added_ids]
                 added = []
         if updated:
-            await offloop.call(self.ledger, self.ledger.update_governance, updated)
+            await writes.govern(self, ex, self.coll, updated, held=[], failpoint=False)
         done = set(deleted_in_mem0)
         await self._backend_delete(list(dict.fromkeys(r for c, r in closed if c == self.coll and r not in done)))
         if withdrawn is not None:
@@ -581,33 +573,21 @@ class Mem0Profile:
                 requested = without_echo(claimed, requested, self._view(ex, row))
             if any(k in requested for k in WRITE_ONCE):
                 raise BadRequest(FIXED_ONCE_WRITTEN)
-            new = self._with_governance(row, requested)
+            new = writes.with_governance(row, requested)
             if isinstance(text, str):
                 self.prov.set_content(new, text)
                 self.prov.check_forgotten(ex, [new])
-            if self._decide_all(ex, "update", [row]):
-                ex.decision, ex.deny_action = "deny", "update"
-                settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
-                raise Forbidden("update is not permitted")
-            moved = (new.scope, new.fleet, new.readers, new.labels) != (row.scope, row.fleet, row.readers, row.labels)
+            writes.decide_changes(self, ex, [(row, new)], [mid])
+            moved = writes.moves(row, new)
             if moved:
-                ctx = {"target_fleet": ref("Fleet", f"{p.tenant}/{new.fleet}"), "target_scope": new.scope}
-                if self._decide_all(ex, "redistribute", [row], [ctx]):
-                    ex.decision, ex.deny_action = "deny", "redistribute"
-                    settle_rows(ex, [], [(mid, ex.reason or "no_permit")])
-                    raise Forbidden("redistribute is not permitted")
                 self.prov.check_move(ex, [(row, new)])
             return row, new, moved
         # The row and its owner in one ledger trip (PostgreSQL), the checks' own ledger reads off the loop.
         async with self.authz.prefetched(ex, BACKEND, self.coll, [mid]):
             row, new, moved = await offloop.call(self.ledger, decide)
-        # One update of a memory at a time (`sidecar.backends.updates`): another one meanwhile is 409.
-        await updates.begin(self.ledger, self.settings, ex, BACKEND, self.coll, {mid: row})
-        try:
-            return await self._update_held(ex, mid, body, plain, text, new, moved)
-        except BaseException:
-            await updates.end(self.ledger, ex, BACKEND, self.coll, [mid])
-            raise
+        # One update of a memory at a time (`sidecar.core.updates`): another one meanwhile is 409.
+        return await writes.holding(self, ex, self.coll, {mid: row},
+                                    lambda: self._update_held(ex, mid, body, plain, text, new, moved))
 
     async def _update_held(self, ex: Exchange, mid: str, body: dict[str, Any], plain: dict[str, Any], text: Any,
                            new: Row, moved: bool) -> tuple[int, Any]:
@@ -627,11 +607,10 @@ class Mem0Profile:
                              "mw_labels": list(new.labels)})
             forwarded["metadata"] = meta
         result = await self._call("PUT", ["memories", mid], json_body=forwarded)
-        if "update-governance" in self.settings.failpoints and (moved or isinstance(text, str)):
-            crash()  # the new text and its stamp are in Mem0, the ledger has the old governance
         # Every Mem0 update writes a history entry (a metadata-only one too): each is recorded as a version.
         event = await self._history_event(mid, new)
-        await updates.write_governance(self.ledger, ex, [new], history={mid: event})
+        await writes.govern(self, ex, self.coll, [new], held=[mid], history={mid: event},
+                            failpoint=moved or isinstance(text, str))
         return 200, result
 
     async def _history_event(self, mid: str, new: Row) -> str | None:
@@ -1094,79 +1073,27 @@ class Mem0Profile:
         return 200, {"results": kept}
 
     # -- deletes ----------------------------------------------------------------------------
-    async def _backend_delete(self, ids: list[str]) -> list[str]:
-        """Delete tombstoned memories in Mem0, per id (404 there counts as done); confirms each deleted one
-        in the ledger, also when a later one fails (the reconciler retries the rest). Returns the ids done."""
-        done: list[str] = []
-        try:
-            for mid in ids:
-                try:
-                    await self._call("DELETE", ["memories", mid])
-                except BackendClientError as exc:
-                    if exc.status != 404:  # already gone in Mem0: the delete is done
-                        raise
-                done.append(mid)
-        finally:
-            if done:
-                await offloop.call(self.ledger, self.ledger.mark_backend_deleted, BACKEND, self.coll, done)
-        return done
-
-    async def _delete_rows(self, ex: Exchange, rows: list[Row]) -> int:
-        """Tombstone `rows` (each allowed Cedar ``delete``) with their deletion closure (derived memories,
-        the caller's deletable copies of the same text) durably first, then delete them in Mem0. Returns
-        len(rows)."""
-        if not rows:
-            return 0
-        closed = await offloop.call(self.ledger, self.prov.tombstone, ex, self.coll, rows, self.settings.deletion_closure)
-        # A copy in another Mem0 deployment sharing this ledger stays pending for that deployment's reconciler.
-        await self._backend_delete([row_id for collection, row_id in closed if collection == self.coll])
-        return len(rows)
+    async def _backend_delete(self, ids: list[str]) -> int:
+        """Delete tombstoned memories of this deployment in Mem0, per id, confirming each in the ledger
+        (`sidecar.core.deletes.backend_delete`). Returns the number confirmed."""
+        return await deletes.backend_delete(self, self.client, [(self.coll, mid) for mid in ids])
 
     async def op_delete(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         mid = params["memory_id"]
-
-        def decide() -> Row:
-            row = self.ledger.get_rows(BACKEND, self.coll, [mid]).get(mid)
-            # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
-            # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
-            if row is None or row.status not in ("active", "superseded"):
-                ex.decision = "deny"
-                settle_rows(ex, [], [(mid, UNKNOWN_ROW if row is None else DELETED_ROW)])
+        # Cedar's delete decides (an owner may delete a restricted row it cannot read); a denied delete is
+        # 404 unless the caller can read the row, so missing, foreign and deleted ids answer alike.
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, self.coll, [mid], by_ids=True)
+        if not decided.allowed:
+            if decided.refused[-1][1] in deletes.BEFORE_CEDAR:
                 raise NotFound(NOT_FOUND, reason="unknown_row")
-            if self._decide_all(ex, "delete", [row]):
-                ex.decision, ex.deny_action = "deny", "delete"
-                refused = [(mid, ex.reason or "no_permit")]
-                shown = mid in self.authz.readable(ex, BACKEND, self.coll, [mid], include_superseded=True, count=False)
-                settle_rows(ex, [], refused)
-                ex.reason = refused[0][1]  # the delete's denial, not the read check's
-                if shown:
-                    raise Forbidden("delete is not permitted", reason=refused[0][1])
-                raise NotFound(NOT_FOUND)
-            return row
-        row = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        ex.decision = "allow"
-        settle_rows(ex, [mid], [])
-        await self._delete_rows(ex, [row])
+            raise NotFound(NOT_FOUND)
+        await deletes.delete_rows(self, ex, self.coll, decided.allowed, self.client)
         return 200, {"message": "Memory deleted successfully"}
 
     async def _delete_matching(self, ex: Exchange, rows: list[dict[str, Any]]) -> int:
-        ids = [r["id"] for r in rows]
-
-        def decide() -> tuple[list[Row], list[tuple[str, str]]]:
-            rows = self.ledger.get_rows(BACKEND, self.coll, ids)
-            known = {i: r for i, r in rows.items() if r.status in ("active", "superseded")}
-            candidates = [known[i] for i in dict.fromkeys(ids) if i in known]
-            refused = [(i, UNKNOWN_ROW if i not in rows else DELETED_ROW) for i in dict.fromkeys(ids) if i not in known]
-            decisions = self.authz.decide_rows(ex, "delete", candidates)
-            refused += [(r.row_id, d.reason) for r, d in zip(candidates, decisions) if not d.allowed]
-            return [r for r, d in zip(candidates, decisions) if d.allowed], refused
-        allowed, refused = await offloop.call(self.ledger, decide)  # its ledger reads off the loop (PostgreSQL)
-        settle_rows(ex, [r.row_id for r in allowed], refused)
-        ex.decision = "allow" if allowed or not ids else "deny"
-        if not allowed and refused:  # deletes nothing it matched: refused, logged with the ids
-            ex.deny_action = "delete" if any(r not in (UNKNOWN_ROW, DELETED_ROW) for _, r in refused) else None
-            ex.reason = refused[-1][1]
-        return await self._delete_rows(ex, allowed)
+        ids = list(dict.fromkeys(r["id"] for r in rows))
+        decided = await offloop.call(self.ledger, deletes.decide, self, ex, self.coll, ids, by_ids=False)
+        return await deletes.delete_rows(self, ex, self.coll, decided.allowed, self.client)
 
     async def op_delete_all(self, ex: Exchange, params: dict[str, str]) -> tuple[int, Any]:
         self._require(ex, "delete_bulk")
@@ -1185,14 +1112,7 @@ class Mem0Profile:
         # tombstoned first, as every delete).
         p = self._p(ex)
         if p.kind == "operator":
-            self.authz.require_deployment(ex, "reset", self.deployment)
-            await self._call("POST", ["reset"])
-
-            def wipe() -> int:
-                n = self.ledger.reset(BACKEND, self.coll, p.uid[1], ex.request_id)
-                self.ledger.reset_done(BACKEND, self.coll)
-                return n
-            ex.rows_allowed = await offloop.call(self.ledger, wipe)
+            await deletes.reset(self, ex, self.deployment, self.coll, lambda: self._call("POST", ["reset"]))
             return 200, {"message": "All memories reset"}
         self._require(ex, "admin")
         rows = await self._list_rows(ex, {}, show_expired=True, purpose="delete")
@@ -1235,30 +1155,8 @@ class Mem0Profile:
         get, so each run checks at most `REAPPEARANCE_CHECKS_PER_RUN` confirmed tombstones, one
         ``GET /memories/{id}`` each, resuming where the previous run stopped (wrapping around).
         Returns the number of Mem0 deletes issued."""
-        pending = [row_id for collection, row_id in await offloop.call(self.ledger, self.ledger.pending_tombstones, BACKEND)
-                   if collection == self.coll]
-        done = len(await self._backend_delete(pending))
-        checked = 0
-        while checked < REAPPEARANCE_CHECKS_PER_RUN:
-            batch = await offloop.call(self.ledger, self.ledger.backend_deleted_tombstones, BACKEND, self._reappearance_cursor,
-                                    limit=min(500, REAPPEARANCE_CHECKS_PER_RUN - checked))
-            if not batch:
-                self._reappearance_cursor = ("", "")  # next run starts again from the first tombstone
-                break
-            self._reappearance_cursor = batch[-1]
-            checked += len(batch)
-            back = []
-            for collection, row_id in batch:
-                if collection != self.coll:
-                    continue
-                found = await self._call("GET", ["memories", row_id])
-                if isinstance(found, dict) and found.get("id") == row_id:
-                    back.append(row_id)
-            if back:
-                structlog.get_logger("memwarden.reconciler").warning(
-                    "tombstoned_rows_reappeared", backend=BACKEND, collection=self.coll, row_ids=back[:20], count=len(back))
-                done += len(await self._backend_delete(back))
-        return done
+        done = await deletes.retry_pending(self, self.client)  # this deployment's (`Mem0Client.holds`)
+        return done + await deletes.recheck(self, self.client, self._reappearance, REAPPEARANCE_CHECKS_PER_RUN)
 
     def lineage_collection(self, ex: Exchange) -> str:
         """The deployment's collection (``?collection`` may name only it), after the ``list`` decision."""

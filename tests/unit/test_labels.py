@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.backends.chroma import FILTERABLE, ChromaProfile, check_client_where, stamp
+from sidecar.backends.chroma import FILTERABLE, check_client_where, stamp
+from sidecar.core.writes import moves, with_governance
 from sidecar.errors import BadRequest
 from sidecar.governance import Principal, Row
 from sidecar.provenance import REQUESTABLE, WRITE_ONCE, split_metadata
@@ -64,7 +65,7 @@ def test_labels_are_filterable() -> None:
 
 def test_a_label_change_is_a_redistribute() -> None:
     row = _row(labels=("pii",))
-    moved = ChromaProfile._redistributed(None, AGENT, row, {"mw_labels": ()})  # type: ignore[arg-type]
-    assert moved is not None and moved[0].labels == () and moved[1]["target_scope"] == "fleet"
-    assert ChromaProfile._redistributed(None, AGENT, row, {"mw_labels": ("pii",)}) is None  # type: ignore[arg-type]
-    assert ChromaProfile._redistributed(None, AGENT, row, {}) is None  # type: ignore[arg-type]
+    after = with_governance(row, {"mw_labels": ()})
+    assert after.labels == () and after.scope == "fleet" and moves(row, after)
+    assert not moves(row, with_governance(row, {"mw_labels": ("pii",)}))
+    assert not moves(row, with_governance(row, {}))
