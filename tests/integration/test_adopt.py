@@ -114,13 +114,24 @@ def chroma_state(stack: Stack, t: Tenant, name: str) -> dict[str, dict[str, Any]
             for i, m in zip(got["ids"], got["metadatas"])}
 
 
-@pytest.fixture(scope="module")
-def world(stack: Stack) -> Tenant:
+def new_world(stack: Stack) -> Tenant:
     t = stack.tenant("adopt")
     for fleet, agent, trust in (("red", "r1", 1), ("red", "r0", 0), ("blue", "b1", 1), ("blue", "b2", 2),
                                 ("red", "importer", 1)):
         t.keys[agent] = stack.key(t.name, fleet, agent, trust)
     return t
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack) -> Tenant:
+    return new_world(stack)
+
+
+@pytest.fixture()
+def own_world(stack: Stack) -> Tenant:
+    """A tenant of the test's own: a test that deletes content makes it forgotten tenant-wide, and the other
+    tests write the same legacy texts (the suite passes in any order)."""
+    return new_world(stack)
 
 
 def test_dry_run_reports_and_writes_nothing(stack: Stack, world: Tenant, tmp_path: Path) -> None:
@@ -216,7 +227,8 @@ def test_rerun_never_widens_a_governed_row(stack: Stack, world: Tenant, tmp_path
     assert r1.get(ids=[private])["ids"] == []  # its owner too, until it writes the row again
 
 
-def test_tombstoned_rows_and_deleted_content_never_come_back(stack: Stack, world: Tenant, tmp_path: Path) -> None:
+def test_tombstoned_rows_and_deleted_content_never_come_back(stack: Stack, own_world: Tenant, tmp_path: Path) -> None:
+    world = own_world
     ids = write_legacy(stack, world, "forget")
     rules = tmp_path / "rules.toml"
     rules.write_text(rules_text(world.name, "forget"))
@@ -236,7 +248,8 @@ def test_tombstoned_rows_and_deleted_content_never_come_back(stack: Stack, world
     assert admin.get(ids=[ids[0], "copy"])["ids"] == []
 
 
-def test_deleted_content_with_invisible_marks_is_not_adopted(stack: Stack, world: Tenant, tmp_path: Path) -> None:
+def test_deleted_content_with_invisible_marks_is_not_adopted(stack: Stack, own_world: Tenant, tmp_path: Path) -> None:
+    world = own_world
     """Issue 34, finding 9: a deleted text written back around the sidecar with a default-ignorable code point in
     it (U+034F, U+FE0F, U+180B: not format characters, which the normalisation removed before) was adopted."""
     ids = write_legacy(stack, world, "forget-marks")

@@ -75,7 +75,10 @@ def test_erase_purges_what_chroma_can_and_reports_the_log_it_keeps(private_stack
     assert rc == 1 and doc["purge"] is None and doc["deletes"]["pending"] == 0
     for report, text in zip(doc["verify"]["texts"], (slow_text, fast_text)):
         assert report["deleted_count"] == 1 and report["live_count"] == 0 and report["remains"]
-        assert [(f["file"], f["places"]) for f in report["found"]] == [("chroma.sqlite3", before[text]["chroma.sqlite3"])]
+        # whole copies where the test found them; a file holding only pieces of the text (places 0: hnswlib writes
+        # its index's unused capacity from uninitialised memory, which may hold a request's bytes) is reported too
+        assert [(f["file"], f["places"]) for f in report["found"] if f["places"]] == \
+            [("chroma.sqlite3", before[text]["chroma.sqlite3"])]
     assert doc["verify"]["unreadable"] == [] and doc["verify"]["files"] >= 1
 
     # Purge and verify: Chroma's vacuum ran; what it can remove is gone from the disk.
@@ -88,7 +91,7 @@ def test_erase_purges_what_chroma_can_and_reports_the_log_it_keeps(private_stack
     # persisted past it): the one copy left, reported where it is.
     assert after[slow_text] == {"chroma.sqlite3": 1}, after
     slow_report = doc["verify"]["texts"][0]
-    assert [(f["file"], f["places"], f["where"]) for f in slow_report["found"]] == [("chroma.sqlite3", 1, {"page in use": 1})]
+    assert [(f["file"], f["places"], f["where"]) for f in slow_report["found"] if f["places"]] == [("chroma.sqlite3", 1, {"page in use": 1})]
     assert rc == 1 and not doc["ok"] and not doc["verify"]["clean"]
     assert any("vector" in c for c in doc["verify"]["cannot_see"])  # says what a byte scan cannot see
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +51,8 @@ def test_keys_create_with_roles(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     p = SQLiteLedger(db).authenticate(out.stdout.strip().splitlines()[0])
     assert p is not None and p.roles == ("oncall", "pii-reader")
-    listed = runner.invoke(app, ["keys", "list", "--ledger", db], env={"COLUMNS": "200"})
-    assert "oncall,pii-reader" in listed.output
+    listed = runner.invoke(app, ["keys", "list", "--ledger", db, "--format", "json"])
+    assert [json.loads(line)["roles"] for line in listed.stdout.splitlines()] == [["oncall", "pii-reader"]], listed.output
     bad = runner.invoke(app, ["keys", "create", "--tenant", "acme", "--fleet", "red", "--agent", "a2", "--role", "has space",
                               "--ledger", db])
     assert bad.exit_code == 2 and "role" in bad.output, bad.output
