@@ -85,6 +85,11 @@ class Settings(BaseSettings):
         default=False, description="PostgreSQL: authenticate and the read path's row lookup are awaited on psycopg's "
         "asynchronous pool (no thread hop) instead of following ledger_off_loop; off by default: measured slower here "
         "(psycopg's asyncio waits cost more event-loop time per query than a worker-thread hop)")
+    ledger_pg_direct: Literal["on", "off"] = Field(
+        default="on", description="PostgreSQL: on = the row read by id runs through psycopg's internals "
+        "(sidecar/ledger/pg_direct.py: prepared statements under our own names on the connection's pgconn; measured "
+        "-9.2 % of a get's instructions, docs/performance.md), falling back to the public path by itself, logged "
+        "once, when the installed psycopg lacks them; off = psycopg's public cursor only (the same rows and errors)")
     ledger_cache_ttl_s: float = Field(
         default=5.0, ge=0, description="API keys (SQLite only), collections and agents are served from memory for at most "
         "this long while the ledger reports no change (sidecar/ledger/cache.py); 0 = no cache")
@@ -347,6 +352,14 @@ class Settings(BaseSettings):
         if isinstance(v, str) and v.strip().lower() in ("on", "off"):
             return v.strip().lower()
         raise ValueError(f"{str(v)[:40]!r}: use on or off (the decision log is the audit trail: off writes none)")
+
+    @field_validator("ledger_pg_direct", mode="before")
+    @classmethod
+    def _pg_direct_on_or_off(cls, v: object) -> object:
+        if isinstance(v, str) and v.strip().lower() in ("on", "off"):
+            return v.strip().lower()
+        raise ValueError(f"{str(v)[:40]!r}: use on (psycopg's internals, sidecar/ledger/pg_direct.py) or off "
+                         "(psycopg's public cursor only)")
 
     @field_validator("shadow_mode", mode="before")
     @classmethod

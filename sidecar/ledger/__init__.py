@@ -22,7 +22,7 @@ __all__ = ["CollectionIntent", "CollectionRecord", "KeyRecord", "Ledger", "Ledge
 
 def open_ledger(path: str, **options: Any) -> Ledger:
     """Open the ledger at `path`: a ``postgresql://`` / ``postgres://`` URL opens a `PostgresLedger`
-    (`options`: schema, min_size, max_size, timeout_s, migrate_on_open), anything else an SQLite file
+    (`options`: schema, min_size, max_size, timeout_s, migrate_on_open, direct), anything else an SQLite file
     (created and migrated). Raises `LedgerOpenError`, one line naming the ledger (a URL without its
     password) and what to check, when it cannot be opened (`SchemaOutOfDate` is one)."""
     if path.startswith(("postgresql://", "postgres://")):
@@ -46,5 +46,6 @@ def ledger_from_settings(settings: "Settings") -> Ledger:
     if settings.ledger_url:
         return open_ledger(settings.ledger_url, schema=settings.ledger_schema, min_size=settings.ledger_pool_min,
                            max_size=settings.ledger_pool_max, timeout_s=settings.ledger_timeout_s,
-                           migrate_on_open=settings.ledger_migrate_on_start)
+                           migrate_on_open=settings.ledger_migrate_on_start,
+                           direct=settings.ledger_pg_direct == "on")
     return open_ledger(str(settings.ledger_path))

@@ -26,21 +26,19 @@ import json
 import logging
 import re
 import select
-import struct
 import threading
 from typing import Any, Iterator
 from contextlib import contextmanager
 
 import psycopg
 import psycopg.sql
-from psycopg.adapt import Transformer
-from psycopg.generators import execute as _pq_execute
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sidecar.errors import LedgerOpenError
 from sidecar.governance import Principal, Row, agent_entity
 from sidecar.ledger.base import LAST_USED_RESOLUTION_US, now_us, parse_key
+from sidecar.ledger import pg_direct
 from sidecar.ledger.dialect import POSTGRES
 from sidecar.ledger.schema import migrations
 from sidecar.ledger.sql import (N_ROW_COLUMNS, ROW_COLUMNS, Reader, SQLLedger, VisibleRows, check_key, names,
@@ -185,112 +183,9 @@ def _read_rows_query(ids: list[Any]) -> tuple[str, Any]:
     return _READ_ROWS_BINARY_IDS, ids
 
 
-# `PostgresLedger.read_rows` without psycopg's cursor (h25p): the statements of `_read_rows_query` for exact ``str``
-# arguments without NUL (one id: `_READ_ONE_ROW`; any other number: `_READ_ROWS_BINARY_IDS`), prepared once per
-# connection under a name of their own and executed with libpq's ``PQsendQueryPrepared`` on the connection's
-# ``pgconn``; the rows are loaded by a psycopg `Transformer` of the connection (the cursor's own loaders, binary
-# results, plain tuples). What the cursor adds per call and this does not need: the query's conversion and
-# its parameters' dumpers (here: UTF-8 bytes in text format, the ids as a binary ``text[]``), psycopg's
-# prepared-statement bookkeeping (it prepares a statement after 5 uses: the same server-side plan reuse), the
-# cursor's state. Everything else is psycopg's: the connection lock, `Connection.wait` (interrupts cancel the
-# query), the result generator (notices, notifications), `psycopg.errors.error_from_result` for a failed
-# statement. psycopg sends ``DEALLOCATE ALL`` after a rollback when it has prepared statements of its own, and
-# a session can lose prepared statements in other ways: a statement found missing (SQLSTATE 26000) is prepared
-# again and executed once more (an autocommit read: nothing to roll back). Same rows, same errors as the
-# cursor (`tests/unit/test_ledger_pg_direct.py`, against `tests/unit/postgres_direct_reference.py`).
-def _positional(sql: str) -> bytes:
-    out = (sql.replace("%(key)s", "$1").replace("%(backend)s", "$2").replace("%(collection)s", "$3")
-           .replace("%(ids)s", "$4").replace("%(ids)b", "$4"))
-    assert "%(" not in out and "$4" in out
-    return out.encode()
-
-
-_TEXT_OID, _TEXT_ARRAY_OID = 25, 1009
-_FORMATS_TEXT = [psycopg.pq.Format.TEXT] * 4
-_FORMATS_IDS_BINARY = [psycopg.pq.Format.TEXT] * 3 + [psycopg.pq.Format.BINARY]
-_DIRECT_ONE = (b"mw_read_one_row", _positional(_READ_ONE_ROW), [_TEXT_OID] * 4, _FORMATS_TEXT)
-_DIRECT_MANY = (b"mw_read_rows", _positional(_READ_ROWS_BINARY_IDS), [_TEXT_OID] * 3 + [_TEXT_ARRAY_OID],
-                _FORMATS_IDS_BINARY)
-_ARRAY_HEAD = struct.Struct("!iiiii")  # ndim 1, no NULLs, element oid, length, lower bound 1
-_EMPTY_TEXT_ARRAY = struct.pack("!iii", 0, 0, _TEXT_OID)
-_ITEM_LENGTH = struct.Struct("!i").pack
-_BINARY_RESULT = psycopg.pq.Format.BINARY
-_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
-_COMMAND_OK = psycopg.pq.ExecStatus.COMMAND_OK
-_FATAL_ERROR = psycopg.pq.ExecStatus.FATAL_ERROR
-_UNDEFINED_STATEMENT = b"26000"
-_SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
-
-
-def _text_array(items: list[bytes]) -> bytes:
-    """The binary form of a one-dimensional ``text[]`` without NULLs (what psycopg's binary list dumper sends)."""
-    if not items:
-        return _EMPTY_TEXT_ARRAY
-    return _ARRAY_HEAD.pack(1, 0, _TEXT_OID, len(items), 1) + b"".join(_ITEM_LENGTH(len(b)) + b for b in items)
-
-
-def _direct_params(key_id: Any, backend: Any, collection_id: Any, ids: list[Any]
-                   ) -> tuple[tuple[bytes, bytes, list[int], list[Any]], list[bytes | None]] | None:
-    """(statement, parameters) of the direct read of `PostgresLedger.read_rows`, or None when an argument is not
-    an exact ``str`` (``key_id`` may be None), holds NUL or is not UTF-8-encodable: those take the cursor."""
-    try:
-        if type(backend) is not str or type(collection_id) is not str or "\x00" in backend or "\x00" in collection_id:
-            return None
-        if key_id is None:
-            key = None
-        elif type(key_id) is str and "\x00" not in key_id:
-            key = key_id.encode()
-        else:
-            return None
-        encoded = []
-        for i in ids:
-            if type(i) is not str or "\x00" in i:
-                return None
-            encoded.append(i.encode())
-        if len(encoded) == 1:
-            return _DIRECT_ONE, [key, backend.encode(), collection_id.encode(), encoded[0]]
-        return _DIRECT_MANY, [key, backend.encode(), collection_id.encode(), _text_array(encoded)]
-    except UnicodeEncodeError:
-        return None
-
-
-def _direct_rows(conn: Any, statement: tuple[bytes, bytes, list[int], list[Any]], params: list[bytes | None]
-                 ) -> list[tuple[Any, ...]]:
-    """Execute `statement` (prepared on `conn` first if it is not yet) with `params`; its rows as tuples."""
-    name, sql, types, formats = statement
-    prepared = conn.direct_prepared
-    if prepared is None:
-        prepared = conn.direct_prepared = set()
-    with conn.lock:
-        pgconn = conn.pgconn
-        for attempt in (0, 1):
-            if name not in prepared:
-                pgconn.send_prepare(name, sql, param_types=types)
-                (res,) = conn.wait(_pq_execute(pgconn))
-                if res.status != _COMMAND_OK:
-                    raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
-                prepared.add(name)
-            pgconn.send_query_prepared(name, params, param_formats=formats, result_format=_BINARY_RESULT)
-            results = conn.wait(_pq_execute(pgconn))
-            if not results:
-                raise psycopg.errors.InternalError("got no result from the query")  # as the cursor
-            res = results[-1]
-            if len(results) == 1 and res.status == _TUPLES_OK:
-                break
-            if res.status == _FATAL_ERROR and res.error_field(_SQLSTATE) == _UNDEFINED_STATEMENT and not attempt:
-                prepared.discard(name)  # gone from the session (DEALLOCATE ALL): prepare it again, once
-                continue
-            if res.status == _FATAL_ERROR:
-                raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
-            raise psycopg.errors.InternalError(f"unexpected result {psycopg.pq.ExecStatus(res.status).name} of {name!r}")
-        tx = conn.direct_tx
-        if tx is None:
-            tx = conn.direct_tx = Transformer(conn)
-        tx.set_pgresult(res)
-        rows = tx.load_rows(0, res.ntuples, tuple)
-        tx.set_pgresult(None)
-    return rows
-
+# The arguments the direct read takes (`pg_direct.DirectReads.params`), tested also when it is off: such reads are
+# prepared from their first use on the public path (``prepare=True``), as the direct read prepares them.
+_DIRECT_SHAPE = pg_direct.DirectReads(_READ_ONE_ROW, _READ_ROWS_BINARY_IDS)
 
 # Positions in a `_READ_ROWS` tuple: key_ok, then the row's `ROW_COLUMNS` (row_id third), then the owner's
 # agent (tenant, fleet, agent, trust, roles).
@@ -322,8 +217,8 @@ class _HotConnection(psycopg.AsyncConnection[Any]):
 
 class _HotSyncConnection(psycopg.Connection[Any]):
     """`_HotConnection` for the synchronous pool (`PostgresLedger.read_rows`, `authenticate`); every other
-    method uses these connections as plain ones. `direct_prepared`: the names of the statements `_direct_rows`
-    prepared in this session (a set, made on first use); `direct_tx`: its `Transformer`."""
+    method uses these connections as plain ones. `direct_prepared`: the names of the statements
+    `sidecar.ledger.pg_direct` prepared in this session (a set, made on first use); `direct_tx`: its `Transformer`."""
 
     rows_cursor: Any = None
     key_cursor: Any = None
@@ -382,7 +277,9 @@ class PostgresLedger(SQLLedger):
     tables (created if missing; ``public`` by default). `min_size`/`max_size`: pooled
     connections per process. `timeout_s`: seconds to wait for a pooled connection and to connect
     (a ledger that cannot answer in time raises, and the request is denied). `migrate_on_open`:
-    apply pending migrations at open; when False, an out-of-date schema raises `SchemaOutOfDate`.
+    apply pending migrations at open; when False, an out-of-date schema raises `SchemaOutOfDate`. `direct`:
+    `read_rows` through psycopg's internals (`sidecar.ledger.pg_direct`, setting ``ledger_pg_direct``) while the
+    installed psycopg has them; False: psycopg's public cursor only (the same rows and errors).
     Every call is a network round trip: the request path runs them off the event loop
     (`blocking_io`, `sidecar.ledger.offloop`). The hot-path reads also exist as coroutines on a second,
     asynchronous pool (`authenticate_async`, `read_rows_async`; psycopg_pool ``AsyncConnectionPool``
@@ -395,12 +292,16 @@ class PostgresLedger(SQLLedger):
     async_io = True
 
     def __init__(self, url: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10,
-                 timeout_s: float = 5.0, migrate_on_open: bool = True) -> None:
+                 timeout_s: float = 5.0, migrate_on_open: bool = True, direct: bool = True) -> None:
         if not _SCHEMA_NAME.match(schema):
             raise ValueError(f"ledger schema {schema!r} must be a lower-case SQL identifier")
         self.schema = schema
         self._url = url
         self._timeout_s = timeout_s
+        # `read_rows` on psycopg's internals (`sidecar.ledger.pg_direct`, setting ``ledger_pg_direct``), or None: the
+        # public cursor path only
+        self._direct = (pg_direct.DirectReads(_READ_ONE_ROW, _READ_ROWS_BINARY_IDS)
+                        if direct and pg_direct.unavailable() is None else None)
         self.channel = f"memwarden_{schema}"  # LISTEN/NOTIFY channel of cache invalidations
         self._listener: _Listener | None = None
         self._conn_kwargs: dict[str, Any] = {
@@ -673,21 +574,42 @@ class PostgresLedger(SQLLedger):
                   ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
         """`read_rows_async` on the synchronous pool (the same one statement), the connection taken and given back
         directly with the connection's own binary tuple cursor, as there (`_HotSyncConnection`, `_done_sync`,
-        `_failed_sync`)."""
+        `_failed_sync`). Exact ``str`` arguments without NUL take the direct read (`sidecar.ledger.pg_direct`) when
+        it is on, else the cursor with the statement prepared from its first use (``prepare=True``: the same
+        server-side plan reuse); other arguments take the cursor as psycopg prepares by default, and fail as it
+        fails. Raises psycopg ``OperationalError`` when the ledger cannot answer."""
         ids = list(dict.fromkeys(row_ids))
-        direct = _direct_params(key_id, backend, collection_id, ids)
+        reads = self._direct
+        if reads is None:
+            shaped = _DIRECT_SHAPE.params(key_id, backend, collection_id, ids) is not None
+            return self._read_rows_sync(backend, collection_id, ids, key_id, None, shaped)
+        direct = reads.params(key_id, backend, collection_id, ids)
+        if direct is None:
+            return self._read_rows_sync(backend, collection_id, ids, key_id, None, False)
+        try:
+            return self._read_rows_sync(backend, collection_id, ids, key_id, direct, False, reads)
+        except pg_direct.Unavailable:  # this psycopg lacks an internal it uses (logged once): the public path
+            self._direct = None
+            return self._read_rows_sync(backend, collection_id, ids, key_id, None, True)
+
+    def _read_rows_sync(self, backend: str, collection_id: str, ids: list[Any], key_id: str | None,
+                        direct: tuple[pg_direct.Statement, list[bytes | None]] | None, prepare: bool,
+                        reads: pg_direct.DirectReads | None = None
+                        ) -> tuple[dict[str, Row], dict[str, dict[str, Any]], bool]:
+        """`read_rows` on one connection of the synchronous pool: the direct read of `direct` by `reads`, else the
+        connection's cursor, the statement prepared from its first use when `prepare` (else as psycopg decides)."""
         pool = self._pool
         conn = pool.getconn()
         try:
-            if direct is not None:
-                result = _direct_rows(conn, *direct)
+            if direct is not None and reads is not None:
+                result = reads.rows(conn, *direct)
             else:
                 cur = conn.rows_cursor
                 if cur is None:
                     cur = conn.rows_cursor = conn.cursor(row_factory=tuple_row, binary=True)
                 query, ids_value = _read_rows_query(ids)
                 result = cur.execute(query, {"key": key_id, "backend": backend, "collection": collection_id,
-                                             "ids": ids_value}).fetchall()
+                                             "ids": ids_value}, prepare=True if prepare else None).fetchall()
             _done_sync(conn)
         except BaseException:
             _failed_sync(conn)

@@ -1,7 +1,8 @@
 """`PostgresLedger.read_rows` before h25p (`git show 8912bda:sidecar/ledger/postgres.py`): the statement of
 `_read_rows_query` executed on the connection's reused binary tuple cursor (psycopg's query conversion, dumpers
 and prepared-statement manager). Kept as the reference `tests/unit/test_ledger_pg_direct.py` compares the direct
-read (`_direct_rows`, libpq's prepared statements through ``pgconn``) with."""
+read (`sidecar.ledger.pg_direct`, libpq's prepared statements through ``pgconn``) and the public path of
+``MEMWARDEN_LEDGER_PG_DIRECT=off`` with."""
 
 from __future__ import annotations
 

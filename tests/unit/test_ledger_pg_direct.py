@@ -1,10 +1,14 @@
 """`PostgresLedger.read_rows` through libpq's prepared statements on the connection's ``pgconn`` (h25p,
-`_direct_params` / `_direct_rows`) against the cursor read it replaces (`tests.unit.postgres_direct_reference`),
-on a real PostgreSQL: over generated ids, keys, backends and collection ids (absent, duplicated, empty,
-non-ASCII, quotes, braces, backslashes, NUL, lone surrogates, long, not ``str``) the same rows, owners and key
-answer, or the same exception class; the statements prepared once per connection and prepared again when the
-session lost them (``DEALLOCATE ALL``, sent by psycopg after a rollback when it has prepared statements of its
-own); a closed connection fails as the cursor does (`psycopg.OperationalError`)."""
+`sidecar.ledger.pg_direct`) and through the public path that ``MEMWARDEN_LEDGER_PG_DIRECT=off`` selects
+(``Cursor.execute(..., prepare=True)``), each against the cursor read the direct path replaced
+(`tests.unit.postgres_direct_reference`), on a real PostgreSQL: over generated ids, keys, backends and collection
+ids (absent, duplicated, empty, non-ASCII, quotes, braces, backslashes, NUL, lone surrogates, long, not ``str``)
+the same rows, owners and key answer, or the same exception class, with the setting on and off; the direct
+statements prepared once per connection and prepared again when the session lost them (``DEALLOCATE ALL``, sent by
+psycopg after a rollback when it has prepared statements of its own); with the setting off, none of them and
+psycopg's own prepared from the first read; a closed connection fails as the cursor does
+(`psycopg.OperationalError`); a psycopg without the internals used (at import, found before the first statement,
+or failing in the first read) makes the ledger fall back to the public path, logged once, with the same answers."""
 
 from __future__ import annotations
 
@@ -16,9 +20,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import importlib.util
+import sys
+
+from structlog.testing import capture_logs
+
 from sidecar.governance import Row
-from sidecar.ledger import postgres
-from sidecar.ledger.postgres import PostgresLedger, _direct_params, _text_array
+from sidecar.ledger import pg_direct, postgres
+from sidecar.ledger.pg_direct import text_array as _text_array
+from sidecar.ledger.postgres import PostgresLedger
 from sidecar.ledger.sql import N_ROW_COLUMNS as _N_ROW_COLUMNS, ROW_COLUMNS as _ROW_COLUMNS, row_to_db as _row_to_db
 from tests.pgutil import fresh_schema, pg_url  # noqa: F401  (fixture)
 from tests.unit.postgres_direct_reference import reference_read_rows
@@ -30,9 +40,14 @@ KEYS = st.sampled_from(["valid", "revoked", "unknown", None, "nul", "surrogate",
 NAMES = st.sampled_from(["c", "chroma"]) | st.text(max_size=4) | st.sampled_from(["a\x00", "\udfff", 3])
 
 
-@pytest.fixture(scope="module")
-def ledger(pg_url: str) -> Iterator[PostgresLedger]:  # noqa: F811
-    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2)
+_direct_params = postgres._DIRECT_SHAPE.params  # noqa: SLF001
+_MW_STATEMENTS = {"mw_read_one_row", "mw_read_rows"}
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["pg_direct=on", "pg_direct=off"])
+def ledger(pg_url: str, request: pytest.FixtureRequest) -> Iterator[PostgresLedger]:  # noqa: F811
+    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2, direct=request.param)
+    assert (led._direct is not None) is request.param  # noqa: SLF001
     led.create_key("agent", "t", "f", "a", 1, roles=("reviewer",))
     with led._tx() as db:  # noqa: SLF001
         for i, row_id in enumerate(STORED):
@@ -106,8 +121,10 @@ def _session_statements(ledger: PostgresLedger, conn: Any) -> set[str]:
 
 
 def test_prepared_once_and_again_after_deallocate_all(ledger: PostgresLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    if ledger._direct is None:  # noqa: SLF001
+        pytest.skip("the direct path's own prepared statements (pg_direct=on)")
     prepares: list[tuple[int, bytes]] = []  # (connection, statement name): once per connection
-    real = postgres._direct_rows
+    real = pg_direct._rows
 
     def counting(conn: Any, statement: Any, params: Any) -> Any:
         before = set(conn.direct_prepared or ())
@@ -115,7 +132,7 @@ def test_prepared_once_and_again_after_deallocate_all(ledger: PostgresLedger, mo
             return real(conn, statement, params)
         finally:
             prepares.extend((id(conn), name) for name in sorted(set(conn.direct_prepared or ()) - before))
-    monkeypatch.setattr(postgres, "_direct_rows", counting)
+    monkeypatch.setattr(pg_direct, "_rows", counting)
     pool = ledger._pool  # noqa: SLF001
     key_id = ledger.test_keys["valid"]  # type: ignore[attr-defined]
     expected_one = reference_read_rows(ledger, "chroma", "c", ["r1"], key_id)
@@ -171,12 +188,126 @@ def test_psycopgs_own_rollback_deallocates_and_the_read_recovers(ledger: Postgre
 
 
 def test_a_closed_connection_fails_as_the_cursor_does(ledger: PostgresLedger) -> None:
+    if ledger._direct is None:  # noqa: SLF001
+        pytest.skip("the direct read on a closed connection (pg_direct=on)")
     pool = ledger._pool  # noqa: SLF001
     conn = pool.getconn()
     try:
         conn.pgconn.finish()  # the server went away under a checked-out connection
         with pytest.raises(psycopg.OperationalError):
-            postgres._direct_rows(conn, *_direct_params(None, "chroma", "c", ["r1"]))  # type: ignore[misc]
+            ledger._direct.rows(conn, *_direct_params(None, "chroma", "c", ["r1"]))  # type: ignore[misc]  # noqa: SLF001
     finally:
         pool.putconn(conn)
     assert ledger.read_rows("chroma", "c", ["r1"], None)[0]  # the pool replaced it
+
+
+def test_off_prepares_psycopgs_statements_from_the_first_read_and_none_of_ours(ledger: PostgresLedger) -> None:
+    """With the setting off, a read of exact ``str`` arguments is prepared by psycopg from its first use (the
+    server-side plan reuse the direct path has), under psycopg's names; the direct path's names never appear."""
+    if ledger._direct is not None:  # noqa: SLF001
+        pytest.skip("pg_direct=off")
+    pool = ledger._pool  # noqa: SLF001
+    key_id = ledger.test_keys["valid"]  # type: ignore[attr-defined]
+    conns = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+        for conn in conns:
+            conn.execute("DEALLOCATE ALL")
+            conn._prepared.clear()  # noqa: SLF001 - psycopg forgets them too (as after its own DEALLOCATE ALL)
+    finally:
+        for conn in conns:
+            pool.putconn(conn)
+    expected = reference_read_rows(ledger, "chroma", "c", ["r1"], key_id)
+    assert ledger.read_rows("chroma", "c", ["r1"], key_id) == expected  # first use: prepared
+    conns = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+        names = set().union(*(_session_statements(ledger, conn) for conn in conns))
+    finally:
+        for conn in conns:
+            pool.putconn(conn)
+    assert names and not names & _MW_STATEMENTS
+
+
+def test_setting_on_and_off_read_the_same(ledger: PostgresLedger, pg_url: str) -> None:  # noqa: F811
+    """Two ledgers on the same tables, one per setting: the same answers for the same reads."""
+    other = PostgresLedger(pg_url, schema=ledger.schema, min_size=0, max_size=1, direct=ledger._direct is None)  # noqa: SLF001
+    try:
+        keys = ledger.test_keys  # type: ignore[attr-defined]
+        for ids in ([], ["r1"], ["r0", "r1", "absent", "r0"], STORED, ["a\x00b"], ["\ud800"], [5]):
+            for key in (keys["valid"], keys["revoked"], None, keys["nul"]):
+                for collection in ("c", "other", "c\x00"):
+                    got = _outcome(lambda: ledger.read_rows("chroma", collection, ids, key))
+                    assert _outcome(lambda: other.read_rows("chroma", collection, ids, key)) == got, (ids, key)
+    finally:
+        other.close()
+
+
+@pytest.fixture()
+def direct_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """`pg_direct`'s process-wide state restored after the test; the warnings it logs, captured."""
+    monkeypatch.setattr(pg_direct, "_unavailable", None)
+    monkeypatch.setattr(pg_direct, "_logged", False)
+    with capture_logs() as logs:
+        yield logs
+
+
+def _fallback_reads(ledger: PostgresLedger, fresh: PostgresLedger, logs: list[dict[str, Any]]) -> None:
+    key_id = ledger.test_keys["valid"]  # type: ignore[attr-defined]
+    for ids in (["r1"], ["r0", "r1", "absent"], ["r1"], []):
+        assert fresh.read_rows("chroma", "c", ids, key_id) == reference_read_rows(ledger, "chroma", "c", ids, key_id)
+    assert fresh._direct is None  # noqa: SLF001
+    assert pg_direct.unavailable()
+    warnings = [e for e in logs if e["event"] == "psycopg_direct_unavailable"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning", logs
+    # a later ledger of the process starts on the public path, and nothing more is logged
+    later = PostgresLedger(fresh._url, schema=ledger.schema, min_size=0, max_size=1)  # noqa: SLF001
+    try:
+        assert later._direct is None  # noqa: SLF001
+        assert later.read_rows("chroma", "c", ["r1"], key_id) == reference_read_rows(ledger, "chroma", "c", ["r1"], key_id)
+    finally:
+        later.close()
+    assert len([e for e in logs if e["event"] == "psycopg_direct_unavailable"]) == 1
+
+
+def test_a_missing_internal_found_before_the_first_read_falls_back(
+        ledger: PostgresLedger, pg_url: str, direct_state: list[dict[str, Any]],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection without an attribute the direct read uses (as a psycopg that renamed ``Connection.wait``
+    would have): found before anything is sent; the read and every later one take the public path."""
+    monkeypatch.setattr(pg_direct, "_CONN_ATTRS", (*pg_direct._CONN_ATTRS, "wait_renamed"))  # noqa: SLF001
+    fresh = PostgresLedger(pg_url, schema=ledger.schema, min_size=0, max_size=1)
+    try:
+        assert fresh._direct is not None  # noqa: SLF001
+        _fallback_reads(ledger, fresh, direct_state)
+        assert "wait_renamed" in (pg_direct.unavailable() or "")
+    finally:
+        fresh.close()
+
+
+def test_an_attribute_error_in_the_first_direct_read_falls_back(
+        ledger: PostgresLedger, pg_url: str, direct_state: list[dict[str, Any]],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first direct read failing with ``AttributeError`` (an internal changed shape): that read is answered on
+    the public path, on a connection of the pool (the one left mid-statement is discarded by the pool)."""
+    def changed(pgconn: Any) -> Any:
+        raise AttributeError("'PGconn' object has no attribute 'get_result_renamed'")
+    monkeypatch.setattr(pg_direct, "_pq_execute", changed)
+    fresh = PostgresLedger(pg_url, schema=ledger.schema, min_size=0, max_size=1)
+    try:
+        _fallback_reads(ledger, fresh, direct_state)
+        assert "AttributeError" in (pg_direct.unavailable() or "")
+        assert fresh.read_rows("chroma", "c", ["r0"], None)[0]  # the pool still serves
+    finally:
+        fresh.close()
+
+
+def test_a_psycopg_without_the_internal_modules_is_found_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``psycopg.generators`` missing (a copy of the module imported with it hidden): the import succeeds, and the
+    module says the direct path is unavailable, naming the ImportError."""
+    monkeypatch.setitem(sys.modules, "psycopg.generators", None)
+    spec = importlib.util.spec_from_file_location("pg_direct_without_generators", pg_direct.__file__)
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert "ImportError" in (copy.unavailable() or "") or "ModuleNotFoundError" in (copy.unavailable() or "")
+    assert copy.DirectReads("SELECT %(key)s, %(backend)s, %(collection)s, %(ids)s", "SELECT %(ids)b, %(key)s, "
+                            "%(backend)s, %(collection)s").params(None, "b", "c", ["x"]) is not None

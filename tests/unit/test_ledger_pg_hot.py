@@ -4,7 +4,8 @@ the pool's connection taken and given back directly, one reused cursor per conne
 the same rows, owners, key answers and principals — and the same exception class — for calls interleaved in
 any order on the same pooled connections (reads of rows with binary or text ids, failing reads with NUL or
 non-``str`` ids, key checks, authentications of valid, revoked, unknown and malformed keys), and a
-connection killed under the pool answered the same way by both, with the pool still serving after."""
+connection killed under the pool answered the same way by both, with the pool still serving after. The
+synchronous `read_rows` is checked with ``MEMWARDEN_LEDGER_PG_DIRECT`` on and off (the fixture's two ledgers)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from tests.unit.test_ledger_pg_rows_fast import rows as row_strategy
 from tests.unit.test_ledger_pg_rows_fast import same, store
 
 
-@pytest.fixture(scope="module")
-def world(pg_url: str) -> Iterator[dict[str, Any]]:  # noqa: F811
-    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2)
+@pytest.fixture(scope="module", params=[True, False], ids=["pg_direct=on", "pg_direct=off"])
+def world(pg_url: str, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:  # noqa: F811
+    """The ledger, with `read_rows` on psycopg's internals or not (``MEMWARDEN_LEDGER_PG_DIRECT`` on, off)."""
+    led = PostgresLedger(pg_url, schema=fresh_schema(), min_size=0, max_size=2, direct=request.param)
     keys = {"valid": led.create_key("agent", "t", "f", "a", 1, roles=("reviewer",))[1],
             "admin": led.create_key("admin", "t", None, None, 0)[1]}
     led.create_key("agent", "t", "f", "b", 2)
