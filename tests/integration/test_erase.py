@@ -75,8 +75,8 @@ def test_erase_purges_what_chroma_can_and_reports_the_log_it_keeps(private_stack
     assert rc == 1 and doc["purge"] is None and doc["deletes"]["pending"] == 0
     for report, text in zip(doc["verify"]["texts"], (slow_text, fast_text)):
         assert report["deleted_count"] == 1 and report["live_count"] == 0 and report["remains"]
-        # whole copies where the test found them; a file holding only pieces of the text (places 0: hnswlib writes
-        # its index's unused capacity from uninitialised memory, which may hold a request's bytes) is reported too
+        # whole copies where the test found them; a file holding only pieces of the text (places 0: seen once in a
+        # collection's data_level0.bin, cause not established) is reported too
         assert [(f["file"], f["places"]) for f in report["found"] if f["places"]] == \
             [("chroma.sqlite3", before[text]["chroma.sqlite3"])]
     assert doc["verify"]["unreadable"] == [] and doc["verify"]["files"] >= 1
