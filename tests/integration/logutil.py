@@ -15,11 +15,21 @@ FIELDS = {"schema_version", "request_id", "client", "path", "auth", "principal",
           "stripped_headers", "event", "level", "timestamp"}
 
 
+def complete_lines(log: Path) -> list[str]:
+    """The lines of `log` the sidecar has finished writing: a last line without its newline is still being
+    written (a reader may see part of one write) and is left for the next read."""
+    if not log.exists():
+        return []
+    return log.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]
+
+
 def decision(log: Path, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """The decision event of `request_id` (the response's X-Request-Id) in the sink file `log`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for line in log.read_text(encoding="utf-8").splitlines() if log.exists() else []:
+        for line in complete_lines(log):
+            if not line.strip():
+                continue
             event = json.loads(line)
             if event.get("event") == "decision" and event.get("request_id") == request_id:
                 assert FIELDS <= set(event), FIELDS - set(event)
@@ -37,7 +47,5 @@ def file_sink(path: Path, **extra: str) -> dict[str, str]:
 
 def decisions(log: Path) -> list[dict[str, Any]]:
     """Every decision event in the sink file `log` so far."""
-    if not log.exists():
-        return []
-    events = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    events = [json.loads(line) for line in complete_lines(log) if line.strip()]
     return [e for e in events if e.get("event") == "decision"]
