@@ -138,7 +138,7 @@ def test_reload_refuses_the_same_set_and_keeps_serving_the_last_good_one(tmp_pat
             # the widened set is not in force: the other agent still cannot read the owner's private row
             assert h.post(path, json={"ids": ["private"]}, headers={"X-API-Key": other}).json()["ids"] == []
             assert chroma_client(stack.chroma.port, tenant).get_collection("mem").get(ids=["private"])["ids"] == ["private"]
-        events = [json.loads(x) for x in side.log.read_text().splitlines() if x.startswith("{")]
+        events = [json.loads(x) for x in side.log.read_text().split("\n")[:-1] if x.startswith("{")]
         rejected = [e for e in events if e.get("event") == "policy_reload_rejected"]
         assert rejected and rejected[0]["result"] == "invariant_violation" and rejected[0]["kept_sha256"] == good["sha256"]
     finally:
