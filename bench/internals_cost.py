@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import os
-import re
 from pathlib import Path
+
+from callgrind_parts import part_totals
 
 STEPS = ("empty", "exchange", "route", "metrics", "read_body")
 
@@ -71,12 +71,7 @@ def run(n: int) -> None:
 
 
 def summary(out: Path, n: int) -> None:
-    parts = sorted(glob.glob(str(out / "cg.*")), key=lambda p: [int(x) for x in re.findall(r"\d+", p.rsplit("cg", 1)[1])])
-    totals = []
-    for p in parts:
-        text = Path(p).read_text(errors="replace")
-        m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
-        totals.append(int(m.group(1)) if m else 0)
+    totals = part_totals(out)
     # parts: [before the first marker, then one per step]; the step parts are the ones after markers 1..5
     for name, total in zip(STEPS, totals[1:1 + len(STEPS)]):
         print(f"{name:10s} {total / n / 1000:8.1f}k instructions per call")

@@ -16,11 +16,11 @@ Steps: ``empty`` (the loop alone), ``on_one`` / ``off_one`` (a read of one store
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import re
 import uuid
 from pathlib import Path
+
+from callgrind_parts import part_totals
 
 STEPS = ("empty", "on_one", "off_one", "on_ten", "off_ten")
 
@@ -68,12 +68,7 @@ def run(url: str, n: int) -> None:
 
 
 def summary(out: Path, n: int) -> None:
-    parts = sorted(glob.glob(str(out / "cg.*")), key=lambda p: [int(x) for x in re.findall(r"\d+", p.rsplit("cg", 1)[1])])
-    totals = []
-    for p in parts:
-        text = Path(p).read_text(errors="replace")
-        m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
-        totals.append(int(m.group(1)) if m else 0)
+    totals = part_totals(out)
     for name, total in zip(STEPS, totals[1:1 + len(STEPS)]):
         print(f"{name:8s} {total / n / 1000:8.1f}k instructions per call")
 
